@@ -1,0 +1,252 @@
+"""Typed, frozen run configuration: YAML file + ``key=value`` overrides.
+
+The schema is a tree of frozen dataclasses; OmegaConf merges the defaults, a YAML file and
+command-line overrides (``model.d_model=512``) and checks every key and type against the
+schema, so an unknown key or a wrong type is an error that names the full key
+(``model.d_modle``). The merged result is converted back to plain frozen dataclasses, so the
+rest of the code reads ordinary attributes and never sees OmegaConf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names the key or file."""
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Where one split of a parallel corpus comes from (read through Hugging Face ``datasets``).
+
+    Attributes:
+      format: ``text`` (two files ``{path}.{lang}``, optionally ``.gz``), ``tsv``/``csv`` (one
+        file, columns ``src_column``/``tgt_column``, names or 0-based numbers), ``jsonl``
+        (``{"translation": {lang: ...}}`` or flat ``{lang: ...}``), ``hub`` (``datasets``
+        hub name ``path``, config ``name``, ``split``) or ``disk`` (``save_to_disk`` dir).
+      path: file prefix, file, hub name or directory, depending on ``format``.
+      name: hub dataset config name (e.g. ``de-en``), ``hub`` only.
+      split: split name for ``hub``/``disk``.
+      src_column / tgt_column: column names or numbers for ``tsv``/``csv``; default: the
+        language codes for named columns, 0 and 1 otherwise.
+    """
+
+    format: str = "text"
+    path: str = ""
+    name: str | None = None
+    split: str = "train"
+    src_column: str | None = None
+    tgt_column: str | None = None
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The corpus, its direction and how it is cut into batches.
+
+    Attributes:
+      src_lang / tgt_lang: language codes; the direction of translation is src → tgt.
+      train / dev / test: where each split comes from.
+      max_len: row length in tokens for both sides (packed rows and decode inputs).
+      max_tokens: token budget per batch and side (rows = max_tokens // max_len).
+      packing: pack several pairs per row with segment ids (else one pair per row).
+      skip_empty: skip (and count) pairs with an empty side; if false such a pair is an error.
+      max_length_ratio: training pairs whose token-length ratio exceeds this are dropped.
+    """
+
+    src_lang: str = "en"
+    tgt_lang: str = "es"
+    train: SourceConfig = field(
+        default_factory=lambda: SourceConfig(format="text", path="data/tatoeba-en-es/train"))
+    dev: SourceConfig = field(
+        default_factory=lambda: SourceConfig(format="text", path="data/tatoeba-en-es/dev"))
+    test: SourceConfig = field(
+        default_factory=lambda: SourceConfig(format="text", path="data/tatoeba-en-es/test"))
+    max_len: int = 64
+    max_tokens: int = 4096
+    packing: bool = True
+    skip_empty: bool = True
+    max_length_ratio: float = 3.0
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """SentencePiece model trained on the training split (Kudo & Richardson 2018).
+
+    Attributes:
+      model_file: an existing ``.model`` to use instead of training one.
+      vocab_size: vocabulary size (pieces), including the 4 special ids.
+      model_type: ``unigram`` or ``bpe``.
+      character_coverage: share of characters covered by the vocabulary.
+      input_sentence_size: sentences sampled for training (0 = all).
+      user_defined_symbols: pieces that are never split.
+    """
+
+    model_file: str | None = None
+    vocab_size: int = 8000
+    model_type: str = "unigram"
+    character_coverage: float = 1.0
+    input_sentence_size: int = 1_000_000
+    user_defined_symbols: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Transformer encoder-decoder hyperparameters (Vaswani et al. 2017, Table 3).
+
+    ``vocab_size`` is filled from the tokenizer at run time when left at 0.
+    """
+
+    vocab_size: int = 0
+    d_model: int = 256
+    num_heads: int = 4
+    num_encoder_layers: int = 3
+    num_decoder_layers: int = 3
+    d_ff: int = 1024
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.0
+    activation: str = "relu"
+    norm: str = "pre"
+    share_embeddings: bool = True
+    max_len: int = 512
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and the training loop.
+
+    Attributes:
+      steps: total optimizer steps.
+      learning_rate: peak learning rate, reached after ``warmup_steps`` (linear warmup), then
+        decayed as ``lr · sqrt(warmup_steps / step)`` (Vaswani et al. 2017, eq. 3, rescaled).
+      b1, b2, eps, weight_decay: AdamW (Loshchilov & Hutter 2019); decay skips biases/norms.
+      clip_norm: global gradient-norm clip (0 disables).
+      label_smoothing: ε of label-smoothed cross-entropy (Szegedy et al. 2016).
+      eval_every / checkpoint_every / log_every: intervals in steps.
+      keep_checkpoints: how many recent checkpoints orbax keeps.
+      max_seconds: stop (and checkpoint) after this much training wall time (0 = no limit).
+    """
+
+    seed: int = 0
+    steps: int = 4000
+    learning_rate: float = 2e-3
+    warmup_steps: int = 400
+    b1: float = 0.9
+    b2: float = 0.98
+    eps: float = 1e-9
+    weight_decay: float = 1e-4
+    clip_norm: float = 1.0
+    label_smoothing: float = 0.1
+    eval_every: int = 500
+    checkpoint_every: int = 500
+    log_every: int = 50
+    keep_checkpoints: int = 3
+    max_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Beam search (Wu et al. 2016 length penalty ((5+|Y|)/6)^alpha).
+
+    Attributes:
+      beam_size: hypotheses kept per sentence (1 = greedy).
+      alpha: length-penalty exponent.
+      max_len_a / max_len_b: output length limit ``a · |source| + b`` tokens.
+      max_tokens: source-token budget per decoding batch.
+      test_limit: decode only the first N test sentences at the end of training (0 = all).
+    """
+
+    beam_size: int = 4
+    alpha: float = 0.6
+    max_len_a: float = 1.5
+    max_len_b: int = 10
+    max_tokens: int = 8192
+    test_limit: int = 0
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole run: where it lives and every section above."""
+
+    workdir: str = "runs/default"
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+def _merge(*layers: Any) -> Config:
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), *layers)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:  # names the full key and the bad value
+        raise ConfigError(str(e).splitlines()[0] + f" (key: {getattr(e, 'full_key', '?')})") from e
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Build a Config from defaults, an optional YAML file and ``key=value`` overrides.
+
+    Args:
+      path: YAML file whose nested mapping mirrors ``Config``; None for defaults only.
+      overrides: strings like ``train.steps=100`` or ``data.packing=false``; values are parsed
+        as YAML scalars.
+
+    Raises:
+      ConfigError: the file is missing or not a mapping, an override lacks ``=``, a key is not
+        in the schema, or a value has the wrong type; the message names the file or key.
+    """
+    layers: list[Any] = []
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: invalid YAML: {e}") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: top level must be a mapping, got {type(data).__name__}")
+        layers.append(OmegaConf.create(data))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value")
+    if overrides:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+    try:
+        return _merge(*layers)
+    except ConfigError as e:
+        raise ConfigError(f"{path or 'overrides'}: {e}") from e
+
+
+def replace(config: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` that accepts dotted keys, e.g. ``replace(c, **{"model.d_model": 8})``."""
+    nested: dict[str, dict[str, Any]] = {}
+    flat: dict[str, Any] = {}
+    for key, value in changes.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            flat[head] = value
+    for head, sub in nested.items():
+        flat[head] = replace(getattr(config, head), **sub)
+    return dataclasses.replace(config, **flat)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The config as nested plain dicts (for YAML/JSON)."""
+    return dataclasses.asdict(config)
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (loadable again with ``load_config``)."""
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,154 @@
+"""Multi-head scaled dot-product attention and its masks (Vaswani et al. 2017, §3.2).
+
+Conventions used throughout the model:
+
+* ``segments``: int32 ``[batch, length]``; 0 marks padding, 1, 2, ... number the pairs packed
+  into one row. An unpacked batch simply has segment 1 for every real token.
+* masks are boolean, ``True`` = may attend, shaped ``[batch, 1, q_len, k_len]`` (broadcast over
+  heads), as ``jax.nn.dot_product_attention`` expects.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from seq2seq.model.axes import logical
+
+
+def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
+    """Padding + packing mask: a query attends only to real keys of its own segment.
+
+    Args:
+      q_segments: int ``[batch, q_len]``, 0 = padding.
+      k_segments: int ``[batch, k_len]``, 0 = padding.
+
+    Returns:
+      bool ``[batch, 1, q_len, k_len]``.
+    """
+    same = q_segments[:, :, None] == k_segments[:, None, :]
+    return (same & (k_segments[:, None, :] > 0))[:, None]
+
+
+def causal_segment_mask(segments: jax.Array) -> jax.Array:
+    """Decoder self-attention mask: own segment, real keys, and key position ≤ query position.
+
+    Packed segments are contiguous, so the row index order is the order within each segment.
+
+    Args:
+      segments: int ``[batch, length]``.
+
+    Returns:
+      bool ``[batch, 1, length, length]``.
+    """
+    length = segments.shape[1]
+    causal = jnp.arange(length)[:, None] >= jnp.arange(length)[None, :]
+    return segment_mask(segments, segments) & causal[None, None]
+
+
+def dot_product_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array | None,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+    return_weights: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """softmax(Q Kᵀ / √d_k) V per head (Vaswani et al. 2017, eq. 1).
+
+    Uses ``jax.nn.dot_product_attention`` (which picks cuDNN flash attention on GPU); an explicit
+    path is used when attention-weight dropout is active or the weights are requested.
+    Softmax is computed in float32 whatever the input dtype.
+
+    Args:
+      query: ``[batch, q_len, heads, head_dim]``.
+      key, value: ``[batch, k_len, heads, head_dim]``.
+      mask: bool, broadcastable to ``[batch, heads, q_len, k_len]``; True = attend. A query row
+        with no allowed key (a padding query) gets uniform weights, never NaN.
+      dropout_rate: dropout on the attention weights (needs ``dropout_rng``).
+      return_weights: also return the float32 weights ``[batch, heads, q_len, k_len]``.
+
+    Returns:
+      ``[batch, q_len, heads, head_dim]`` in the query dtype (and the weights if asked).
+    """
+    use_dropout = dropout_rate > 0.0 and dropout_rng is not None
+    if not (use_dropout or return_weights):
+        return jax.nn.dot_product_attention(query, key, value, mask=mask)
+    depth = query.shape[-1]
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) / jnp.sqrt(depth)
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(logits, axis=-1)
+    probs = weights
+    if use_dropout:
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+        probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(value.dtype), value)
+    return (out, weights) if return_weights else out
+
+
+class MultiHeadAttention(nnx.Module):
+    """Multi-head attention with separate Q, K, V and output projections (§3.2.2).
+
+    Args:
+      d_model: model width; must be divisible by ``num_heads``.
+      num_heads: number of heads h; head_dim = d_model / h.
+      dropout_rate: attention-weight dropout.
+      dtype: compute dtype (parameters stay float32).
+      rngs: parameter initialisation keys.
+
+    Raises:
+      ValueError: d_model is not divisible by num_heads.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, *, dropout_rate: float = 0.0,
+                 dtype=jnp.float32, rngs: nnx.Rngs):
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.dropout_rate = dropout_rate
+        init = nnx.initializers.xavier_uniform()
+
+        def proj(axes):
+            return nnx.Linear(d_model, d_model, dtype=dtype, rngs=rngs,
+                              kernel_init=logical(init, axes),
+                              bias_init=logical(nnx.initializers.zeros, axes[1:]))
+
+        self.query = proj(("embed", "heads"))
+        self.key = proj(("embed", "heads"))
+        self.value = proj(("embed", "heads"))
+        self.out = proj(("heads", "embed"))
+
+    def _split(self, x: jax.Array) -> jax.Array:
+        return x.reshape(*x.shape[:-1], self.num_heads, self.head_dim)
+
+    def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Keys and values ``[batch, k_len, heads, head_dim]`` of ``x`` ``[batch, k_len, d_model]``."""
+        return self._split(self.key(x)), self._split(self.value(x))
+
+    def attend(self, x_q: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None, *,
+               deterministic: bool = True, rngs: nnx.Rngs | None = None,
+               return_weights: bool = False):
+        """Attend from queries ``x_q`` ``[batch, q_len, d_model]`` to projected keys/values.
+
+        Returns ``[batch, q_len, d_model]`` (and weights ``[batch, heads, q_len, k_len]``).
+        """
+        q = self._split(self.query(x_q))
+        dropout_rng = None
+        if not deterministic and self.dropout_rate > 0.0 and rngs is not None:
+            dropout_rng = rngs.dropout()
+        res = dot_product_attention(q, key, value, mask, dropout_rate=self.dropout_rate,
+                                    dropout_rng=dropout_rng, return_weights=return_weights)
+        out, weights = res if return_weights else (res, None)
+        out = self.out(out.reshape(*out.shape[:-2], -1))
+        return (out, weights) if return_weights else out
+
+    def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array | None, *,
+                 deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
+        """Full attention from ``x_q`` ``[batch, q_len, d_model]`` to ``x_kv`` ``[batch, k_len, d_model]``."""
+        key, value = self.project_kv(x_kv)
+        return self.attend(x_q, key, value, mask, deterministic=deterministic, rngs=rngs)

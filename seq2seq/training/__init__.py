@@ -1,0 +1,1 @@
+"""Training: the pure train/eval steps, checkpoints and the training loop."""
