@@ -159,6 +159,7 @@ class DecodeConfig:
     Attributes:
       beam_size: hypotheses kept per sentence (1 = greedy).
       alpha: length-penalty exponent.
+      length_penalty: ``gnmt`` ((5+|Y|)/6)^α, ``plain`` |Y|^α or ``none``.
       max_len_a / max_len_b: output length limit ``a · |source| + b`` tokens.
       max_tokens: source-token budget per decoding batch.
       test_limit: decode only the first N test sentences at the end of training (0 = all).
@@ -166,6 +167,7 @@ class DecodeConfig:
 
     beam_size: int = 4
     alpha: float = 0.6
+    length_penalty: str = "gnmt"
     max_len_a: float = 1.5
     max_len_b: int = 10
     max_tokens: int = 8192

@@ -1,0 +1,1 @@
+"""Data: parallel-corpus sources (``sources``), tokenizer, batching and packing."""

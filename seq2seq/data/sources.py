@@ -1,0 +1,474 @@
+"""Parallel corpora → a ``datasets.Dataset`` of aligned ``source``/``target`` strings.
+
+Every format is read through Hugging Face ``datasets`` (``load_dataset("text"|"csv"|"json")``
+for files, ``load_dataset(path, name)`` for the hub, ``load_from_disk`` for ``save_to_disk``
+directories), so the Arrow cache under ``HF_DATASETS_CACHE`` makes a second load of the same
+files nearly free. The formats are described in ``seq2seq.config.SourceConfig``.
+
+Alignment is the one property that must never fail silently, so before a line-based file is
+handed to ``datasets`` its bytes are checked here: UTF-8 (the error names the line), the line
+count (only ``\\n`` ends a line), and no lone ``\\r``. The last matters because the ``text``
+and ``csv`` loaders open files with universal newlines, which would split a line at a stray
+``\\r`` and shift every later pair; other separators that ``str.splitlines`` knows (U+2028,
+``\\x0b``, ``\\x1c``-``\\x1e``, ...) do not end a line in those loaders and stay in the text.
+The loaders' row counts are then checked against these line counts.
+
+After loading, each sentence loses a leading byte-order mark and surrounding whitespace
+(``\\r`` of CRLF files included); pairs with an empty side are dropped and counted (or are an
+error with ``skip_empty=False``). When nothing needs changing, which is the usual case, the
+result is the loader's memory-mapped cache itself, unchanged.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import logging
+import os
+import re
+import zlib
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from datasets import (Dataset, DatasetDict, Features, Value, concatenate_datasets, load_dataset,
+                      load_from_disk)
+
+from seq2seq.config import SourceConfig
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("text", "tsv", "csv", "jsonl", "hub", "disk")
+_STRING_FEATURES = (Value("string"), Value("large_string"))
+
+# Locates row ``i`` of column ``"source"``/``"target"`` for an error message ("file:line").
+Locator = Callable[[str, int], str]
+
+
+class DataError(ValueError):
+    """Bad corpus input; message names the file, line, key or column."""
+
+
+def load_parallel(source: SourceConfig, src_lang: str, tgt_lang: str, *, skip_empty: bool = True,
+                  split_name: str = "train") -> Dataset:
+    """Load one split of a parallel corpus, in the direction ``src_lang`` → ``tgt_lang``.
+
+    Args:
+      source: where the split comes from (format, path, ...; see ``SourceConfig``). The same
+        files serve both directions: ``{path}.en``/``{path}.es`` are source/target for en→es
+        and target/source for es→en. For ``tsv``/``csv``, ``src_column``/``tgt_column`` name
+        header columns or give 0-based numbers; a number means the file has no header row.
+        Unset, they are the language codes when the first row holds both (a header), else
+        0 and 1. For ``hub``/``disk`` they may name flat columns (default: the
+        ``translation`` struct, else columns named by the language codes).
+      src_lang / tgt_lang: language codes, e.g. ``"en"``, ``"es"``.
+      skip_empty: drop pairs whose source or target is empty after stripping whitespace,
+        logging how many (a warning naming ``split_name``); if false such a pair is an error.
+      split_name: the split's role (``train``/``dev``/``test``), for messages only.
+
+    Returns:
+      A ``datasets.Dataset`` with exactly two string columns, ``source`` and ``target``;
+      row ``i`` of both is one pair, in file order, stripped of surrounding whitespace and
+      of a byte-order mark. It is backed by the ``datasets`` cache when possible.
+
+    Raises:
+      DataError: unknown format; missing file, directory, split, JSON key or column; invalid
+        UTF-8 (file and 1-based line); a lone ``\\r`` inside a line; text files whose line
+        counts differ (both files and counts); a TSV/CSV line with the wrong number of fields;
+        invalid JSON; a null or non-string sentence; an empty side with ``skip_empty=False``;
+        no pair left at all.
+    """
+    if src_lang == tgt_lang:
+        raise DataError(f"{split_name}: source and target language are both {src_lang!r}")
+    fmt = source.format
+    if fmt == "text":
+        ds, locate = _load_text(source, src_lang, tgt_lang, split_name)
+        where = f"{source.path}.{{{src_lang},{tgt_lang}}}"
+    elif fmt in ("tsv", "csv"):
+        ds, locate = _load_delimited(source, src_lang, tgt_lang, fmt)
+        where = source.path
+    elif fmt == "jsonl":
+        ds, locate = _load_jsonl(source, src_lang, tgt_lang)
+        where = source.path
+    elif fmt in ("hub", "disk"):
+        ds, where = _load_hub(source) if fmt == "hub" else _load_disk(source)
+        ds = _pick_columns(ds, source, src_lang, tgt_lang, where)
+        locate = lambda column, i: f"{where}: row {i} ({column})"  # noqa: E731
+    else:
+        raise DataError(f"{split_name}: unknown source format {fmt!r} (expected one of "
+                        f"{', '.join(FORMATS)})")
+    ds = _clean(ds, locate, skip_empty=skip_empty, split_name=split_name, where=where)
+    logger.info("%s: %d pairs %s→%s from %s", split_name, len(ds), src_lang, tgt_lang, where)
+    return ds
+
+
+def overlap_report(train: Dataset, other: Dataset) -> int:
+    """How many rows of ``other`` have a ``source`` that also occurs in ``train``.
+
+    Exact string match (after ``load_parallel``'s whitespace stripping); a sentence repeated
+    in ``other`` counts each time. Used to report dev/test contamination.
+
+    Returns:
+      The number of such rows, 0 … ``len(other)``.
+
+    Raises:
+      KeyError: a dataset has no ``source`` column.
+    """
+    if len(train) == 0 or len(other) == 0:
+        return 0
+    seen = pc.unique(train.with_format("arrow")["source"])
+    hits = pc.is_in(other.with_format("arrow")["source"], value_set=seen)
+    return int(pc.sum(hits).as_py() or 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte-level checks of line-based files
+
+
+def _existing(path: str) -> Path:
+    """``path`` if it exists, else ``path.gz``; DataError naming both if neither does."""
+    p = Path(path)
+    gz = Path(path + ".gz")
+    if p.is_file():
+        if gz.is_file():
+            logger.warning("both %s and %s exist; reading %s", p, gz, p)
+        return p
+    if gz.is_file():
+        return gz
+    raise DataError(f"file not found: {p} (nor {gz.name})")
+
+
+def _read_checked(path: Path) -> str:
+    """The file's text, decoded and checked; gzip if the name ends in ``.gz``.
+
+    Returns the text without a leading byte-order mark. Raises DataError for an unreadable
+    or corrupt file, invalid UTF-8 or a ``\\r`` not followed by ``\\n`` (file:line).
+    """
+    try:
+        data = path.read_bytes()
+        if path.suffix == ".gz":
+            data = gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
+        raise DataError(f"{path}: cannot read: {e}") from e
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(f"{path}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte "
+                        f"{column} of the line)") from None
+    if data.count(b"\r") != data.count(b"\r\n"):
+        at = re.search(r"\r(?!\n)", text).start()
+        line = text.count("\n", 0, at) + 1
+        raise DataError(f"{path}:{line}: carriage return (\\r) inside a line; datasets would "
+                        "read it as a line break and misalign the pairs (use \\n or \\r\\n "
+                        "line ends)")
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def _split_lines(text: str) -> list[str]:
+    """Lines ended by ``\\n`` only (``\\r`` of CRLF removed); no phantom line after the last."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _count_lines(text: str) -> int:
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
+def _hf_load(builder: str, path: Path, **kwargs) -> Dataset:
+    """``load_dataset(builder, data_files=path)``'s one split; errors become DataError."""
+    try:
+        return load_dataset(builder, data_files={"train": [os.path.abspath(path)]},
+                            split="train", **kwargs)
+    except Exception as e:  # noqa: BLE001 - any loader failure is a bad input file here
+        cause = e.__cause__ or e
+        raise DataError(f"{path}: datasets could not read it as {builder}: {cause}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Formats
+
+
+def _load_text(source: SourceConfig, src_lang: str, tgt_lang: str,
+               split_name: str) -> tuple[Dataset, Locator]:
+    files = [_existing(f"{source.path}.{lang}") for lang in (src_lang, tgt_lang)]
+    counts = [_count_lines(_read_checked(f)) for f in files]
+    if counts[0] != counts[1]:
+        raise DataError(f"{split_name}: {files[0]} has {counts[0]} lines but {files[1]} has "
+                        f"{counts[1]}; the two sides must be line-aligned")
+    if counts[0] == 0:
+        raise DataError(f"{split_name}: {files[0]} and {files[1]} are empty")
+    sides = []
+    for f, n, column in zip(files, counts, ("source", "target")):
+        ds = _hf_load("text", f, encoding="utf-8-sig")
+        if len(ds) != n:  # the loader split lines differently from us: never misalign
+            raise DataError(f"{f}: datasets read {len(ds)} lines where the file has {n}")
+        sides.append(ds.rename_column("text", column))
+    ds = concatenate_datasets(sides, axis=1)
+    return ds, lambda column, i: f"{files[column == 'target']}:{i + 1}"
+
+
+def _is_number(column: str | int | None) -> bool:
+    return isinstance(column, int) or (isinstance(column, str) and column.isdigit())
+
+
+def _load_delimited(source: SourceConfig, src_lang: str, tgt_lang: str,
+                    fmt: str) -> tuple[Dataset, Locator]:
+    path = _existing(source.path)
+    text = _read_checked(path)
+    sep = "\t" if fmt == "tsv" else ","
+    # records (fields of each row) and the 1-based line each starts on
+    if fmt == "tsv":  # no quoting: a '"' in a sentence is just a character
+        records = [line.split("\t") for line in _split_lines(text)]
+        starts = None
+    else:
+        reader = csv.reader(io.StringIO(text, newline=""))
+        records, starts, line = [], [], 1
+        for row in reader:
+            records.append(row)
+            starts.append(line)
+            line = reader.line_num + 1
+    if not records:
+        raise DataError(f"{path}: empty file")
+    start = (lambda r: starts[r]) if starts else (lambda r: r + 1)
+
+    src_col, tgt_col = source.src_column, source.tgt_column
+    first = [field.strip() for field in records[0]]
+    if src_col is None and tgt_col is None:
+        named = src_lang in first and tgt_lang in first
+        src_col, tgt_col = (src_lang, tgt_lang) if named else (0, 1)
+    elif src_col is None or tgt_col is None:
+        given = src_col if src_col is not None else tgt_col
+        named = not _is_number(given)
+        default = (src_lang, tgt_lang) if named else (0, 1)
+        src_col = src_col if src_col is not None else default[0]
+        tgt_col = tgt_col if tgt_col is not None else default[1]
+    else:
+        named = not _is_number(src_col)
+        if named == _is_number(tgt_col):
+            raise DataError(f"{path}: src_column {src_col!r} and tgt_column {tgt_col!r} must "
+                            "both be names or both be numbers")
+
+    width = len(records[0])
+    kind = "tab-separated" if fmt == "tsv" else "comma-separated"
+    for r, fields in enumerate(records):
+        if len(fields) != width:
+            raise DataError(f"{path}:{start(r)}: expected {width} {kind} fields (as on line "
+                            f"{start(0)}), got {len(fields)}")
+    if named:
+        names = first
+        for role, col in (("source", src_col), ("target", tgt_col)):
+            if col not in names:
+                raise DataError(f"{path}: no column {col!r} for the {role} in the header "
+                                f"(columns: {', '.join(names)})")
+        if len(set(names)) != len(names):
+            raise DataError(f"{path}: duplicate column names in the header: {names}")
+        rows = len(records) - 1
+    else:
+        names = [str(i) for i in range(width)]
+        for role, col in (("source", src_col), ("target", tgt_col)):
+            if int(col) >= width:
+                raise DataError(f"{path}: no column {col} for the {role}: lines have {width} "
+                                "fields")
+        src_col, tgt_col = str(int(src_col)), str(int(tgt_col))
+        rows = len(records)
+    if src_col == tgt_col:
+        raise DataError(f"{path}: source and target are the same column {src_col!r}")
+    if rows == 0:
+        raise DataError(f"{path}: no rows after the header")
+
+    ds = _hf_load("csv", path, sep=sep, header=0 if named else None, column_names=names,
+                  quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
+                  keep_default_na=False, na_filter=False, skip_blank_lines=False,
+                  lineterminator="\n", encoding="utf-8-sig",
+                  features=Features({name: Value("string") for name in names}))
+    if len(ds) != rows:
+        raise DataError(f"{path}: datasets read {len(ds)} rows where the file has {rows}")
+    ds = _rename(ds.select_columns([src_col, tgt_col]), src_col, tgt_col)
+    offset = 1 if named else 0
+    return ds, lambda column, i: f"{path}:{start(i + offset)} ({column} column)"
+
+
+def _jsonl_problem(text: str, keys: list[tuple[str, ...]]) -> tuple[int, str] | None:
+    """First line (1-based) that is not an object with a string at one of the ``keys``."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            return number, f"invalid JSON: {e.msg} (column {e.colno})"
+        for key in keys:
+            value = row
+            for part in key:
+                if not isinstance(value, dict) or part not in value:
+                    return number, f"missing key {'.'.join(key)!r}"
+                value = value[part]
+            if not isinstance(value, str):
+                return number, f"key {'.'.join(key)!r} is {json.dumps(value)}, not a string"
+    return None
+
+
+def _load_jsonl(source: SourceConfig, src_lang: str,
+                tgt_lang: str) -> tuple[Dataset, Locator]:
+    path = _existing(source.path)
+    text = _read_checked(path)
+    line_of = [n for n, line in enumerate(text.split("\n"), 1) if line.strip()]
+    if not line_of:
+        raise DataError(f"{path}: empty file")
+
+    def fail(keys: list[tuple[str, ...]], fallback: str) -> DataError:
+        found = _jsonl_problem(text, keys)
+        if found:
+            return DataError(f"{path}:{found[0]}: {found[1]}")
+        return DataError(f"{path}: {fallback}")
+
+    try:
+        ds = _hf_load("json", path)
+    except DataError as e:
+        raise fail([], str(e)) from e
+    if len(ds) != len(line_of):
+        raise DataError(f"{path}: datasets read {len(ds)} rows where the file has "
+                        f"{len(line_of)} non-blank lines (one JSON object per line expected)")
+    translation = ds.features.get("translation")
+    if translation is not None:
+        keys = [("translation", src_lang), ("translation", tgt_lang)]
+        if not isinstance(translation, dict):
+            raise fail(keys, f"'translation' is {translation}, not an object of strings")
+        for key in keys:
+            if key[1] not in translation:
+                raise DataError(f"{path}: missing key {'.'.join(key)!r} in every row "
+                                f"(languages: {', '.join(translation)})")
+        ds = ds.select_columns(["translation"]).flatten()
+    else:
+        keys = [(src_lang,), (tgt_lang,)]
+        for key in keys:
+            if key[0] not in ds.features:
+                raise DataError(f"{path}: missing key {key[0]!r} in every row (keys: "
+                                f"{', '.join(ds.column_names)}; or use "
+                                "{\"translation\": {lang: ...}})")
+    columns = [".".join(key) for key in keys]
+    for column in columns:
+        if ds.features[column] not in _STRING_FEATURES:
+            raise fail(keys, f"key {column!r} holds {ds.features[column]}, not strings")
+    ds = _rename(ds.select_columns(columns), *columns)
+    return ds, lambda column, i: f"{path}:{line_of[i]} ({column})"
+
+
+def _load_hub(source: SourceConfig) -> tuple[Dataset, str]:
+    where = f"hub dataset {source.path!r}" + (f" ({source.name})" if source.name else "")
+    where += f" split {source.split!r}"
+    if not source.path:
+        raise DataError("hub source without a path (the dataset name)")
+    try:
+        ds = load_dataset(source.path, source.name, split=source.split)
+    except Exception as e:  # noqa: BLE001 - not found, no network, no such split or config
+        raise DataError(f"{where}: cannot load: {e}") from e
+    return ds, where
+
+
+def _load_disk(source: SourceConfig) -> tuple[Dataset, str]:
+    path = Path(source.path)
+    if not path.is_dir():
+        raise DataError(f"dataset directory not found: {path}")
+    try:
+        loaded = load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001 - not a save_to_disk directory
+        raise DataError(f"{path}: not a datasets save_to_disk directory: {e}") from e
+    if isinstance(loaded, DatasetDict):
+        if source.split not in loaded:
+            raise DataError(f"{path}: no split {source.split!r} (splits: "
+                            f"{', '.join(loaded)})")
+        return loaded[source.split], f"{path} split {source.split!r}"
+    return loaded, str(path)
+
+
+def _pick_columns(ds: Dataset, source: SourceConfig, src_lang: str, tgt_lang: str,
+                  where: str) -> Dataset:
+    """The source and target columns of a hub/disk dataset, renamed ``source``/``target``."""
+    if source.src_column is not None or source.tgt_column is not None:
+        columns = [source.src_column or src_lang, source.tgt_column or tgt_lang]
+        if any("." in c for c in columns):
+            ds = ds.select_columns(sorted({c.split(".")[0] for c in columns}
+                                          & set(ds.column_names))).flatten()
+    elif "translation" in ds.column_names:
+        translation = ds.features["translation"]
+        languages = list(getattr(translation, "languages", None) or
+                         (translation if isinstance(translation, dict) else []))
+        for lang in (src_lang, tgt_lang):
+            if lang not in languages:
+                raise DataError(f"{where}: 'translation' has no language {lang!r} "
+                                f"(has: {', '.join(languages) or translation})")
+        ds = ds.select_columns(["translation"]).flatten()
+        columns = [f"translation.{src_lang}", f"translation.{tgt_lang}"]
+    else:
+        columns = [src_lang, tgt_lang]
+    for column in columns:
+        if column not in ds.column_names:
+            raise DataError(f"{where}: no column {column!r} (columns: "
+                            f"{', '.join(ds.column_names)})")
+        if ds.features[column] not in _STRING_FEATURES:
+            raise DataError(f"{where}: column {column!r} holds {ds.features[column]}, "
+                            "not strings")
+    if columns[0] == columns[1]:
+        raise DataError(f"{where}: source and target are the same column {columns[0]!r}")
+    return _rename(ds.select_columns(columns), *columns)
+
+
+def _rename(ds: Dataset, src_col: str, tgt_col: str) -> Dataset:
+    """Rename two columns to ``source``/``target`` (in that order), whatever they were."""
+    if (src_col, tgt_col) != ("source", "target"):
+        ds = ds.rename_columns({src_col: "\0src", tgt_col: "\0tgt"})
+        ds = ds.rename_columns({"\0src": "source", "\0tgt": "target"})
+    return ds.select_columns(["source", "target"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Cleaning: strip, drop empty pairs
+
+
+def _strip(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Drop a leading byte-order mark and surrounding (Unicode) whitespace."""
+    return pc.utf8_trim_whitespace(pc.replace_substring_regex(array, "^\ufeff", ""))
+
+
+def _strip_and_drop_empty(batch: pa.Table) -> pa.Table:
+    """Batched map for ``_clean``: strip both columns, drop rows with an empty side."""
+    source, target = _strip(batch["source"]), _strip(batch["target"])
+    keep = pc.and_(pc.greater(pc.utf8_length(source), 0), pc.greater(pc.utf8_length(target), 0))
+    return pa.table({"source": source, "target": target}).filter(keep)
+
+
+def _clean(ds: Dataset, locate: Locator, *, skip_empty: bool, split_name: str,
+           where: str) -> Dataset:
+    table = ds.with_format("arrow")[:]
+    changed = False
+    empty = None
+    for column in ("source", "target"):
+        values = table[column]
+        if values.null_count:
+            i = pc.index(pc.is_null(values), True).as_py()
+            raise DataError(f"{locate(column, i)}: missing (null) sentence")
+        stripped = _strip(values)
+        changed = changed or not pc.all(pc.equal(stripped, values)).as_py()
+        is_empty = pc.equal(pc.utf8_length(stripped), 0)
+        if not skip_empty and pc.any(is_empty).as_py():
+            i = pc.index(is_empty, True).as_py()
+            raise DataError(f"{locate(column, i)}: empty {column} sentence (skip_empty is off)")
+        empty = is_empty if empty is None else pc.or_(empty, is_empty)
+    n_empty = int(pc.sum(empty).as_py() or 0) if len(table) else 0
+    if changed or n_empty:  # cached like any map: a second load reads the result back
+        ds = ds.with_format("arrow").map(_strip_and_drop_empty, batched=True,
+                                         desc=f"Cleaning {split_name}").with_format(None)
+    if n_empty:
+        logger.warning("%s: skipped %d of %d pairs with an empty source or target (%s)",
+                       split_name, n_empty, len(table), where)
+    if len(ds) == 0:
+        raise DataError(f"{split_name}: no pairs left in {where}")
+    return ds
