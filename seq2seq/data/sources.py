@@ -21,6 +21,7 @@ result is the loader's memory-mapped cache itself, unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
@@ -32,6 +33,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
+import datasets.config
 import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import (Dataset, DatasetDict, Features, Value, concatenate_datasets, load_dataset,
@@ -181,11 +183,27 @@ def _count_lines(text: str) -> int:
     return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
 
 
+@contextlib.contextmanager
+def _no_download_count():
+    """Skip the HEAD request ``load_dataset`` sends to count uses of the packaged builders.
+
+    That request is pure telemetry for local files, and without a network its DNS lookup can
+    stall a load by seconds.
+    """
+    saved = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    try:
+        yield
+    finally:
+        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = saved
+
+
 def _hf_load(builder: str, path: Path, **kwargs) -> Dataset:
     """``load_dataset(builder, data_files=path)``'s one split; errors become DataError."""
     try:
-        return load_dataset(builder, data_files={"train": [os.path.abspath(path)]},
-                            split="train", **kwargs)
+        with _no_download_count():
+            return load_dataset(builder, data_files={"train": [os.path.abspath(path)]},
+                                split="train", **kwargs)
     except Exception as e:  # noqa: BLE001 - any loader failure is a bad input file here
         cause = e.__cause__ or e
         raise DataError(f"{path}: datasets could not read it as {builder}: {cause}") from e
