@@ -118,15 +118,15 @@ class PackedBatches:
         self._epoch_sizes: list[int] = []
 
     def epoch_rows(self, epoch: int) -> list[list[int]]:
-        """Packed rows of one epoch (the last two epochs are memoised)."""
+        """Packed rows of one epoch (the two most recently packed epochs are memoised)."""
         if epoch not in self._epoch_rows:
             n = len(self.src)
             order = (np.random.default_rng((self.seed, epoch)).permutation(n)
                      if self.shuffle else np.arange(n))
             self._epoch_rows[epoch] = pack(self.src_lengths, self.tgt_lengths, order,
                                            self.max_len, packing=self.packing)
-            for old in sorted(self._epoch_rows)[:-2]:
-                del self._epoch_rows[old]
+            while len(self._epoch_rows) > 2:  # dicts keep insertion order: drop the oldest
+                del self._epoch_rows[next(iter(self._epoch_rows))]
         return self._epoch_rows[epoch]
 
     def batches_in_epoch(self, epoch: int) -> int:

@@ -22,6 +22,19 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be restored into the current model; the message lists why."""
 
 
+def _path(keys) -> str:
+    """A pytree path as ``a.b.0.c`` whatever the key types (dict, sequence, attribute)."""
+    parts = []
+    for k in keys:
+        for attr in ("key", "idx", "name"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return ".".join(parts)
+
+
 class Checkpointer:
     """Save and restore ``(TrainState, metadata)`` pairs under ``directory``.
 
@@ -76,14 +89,17 @@ class Checkpointer:
             return
         if meta is None:
             return
-        want = {jax.tree_util.keystr(k): v.shape for k, v in
-                jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
-        have = {jax.tree_util.keystr(k): getattr(v, "shape", None) for k, v in
+        want = {_path(k): v.shape for k, v in jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
+        have = {_path(k): getattr(v, "shape", None) for k, v in
                 jax.tree_util.tree_flatten_with_path(meta)[0]}
-        problems = [f"missing in checkpoint: {k}" for k in want if k not in have]
-        problems += [f"not in model: {k}" for k in have if k not in want]
-        problems += [f"shape {k}: checkpoint {have[k]} vs model {want[k]}" for k in want
-                     if k in have and have[k] is not None and tuple(have[k]) != tuple(want[k])]
+        # optimizer moments mirror the parameters: report parameters only, shapes first
+        keys = [k for k in {**want, **have} if not k.startswith("opt_state.")]
+        problems = [f"shape {k}: checkpoint {tuple(have[k])} vs model {tuple(want[k])}" for k in keys
+                    if k in have and k in want and have[k] is not None
+                    and tuple(have[k]) != tuple(want[k])]
+        problems += [f"missing in checkpoint: {k}" for k in keys if k not in have]
+        problems += [f"not in model: {k}" for k in keys if k not in want]
+        problems = [p.replace(".value", "") for p in problems]
         if problems:
             shown = "\n  ".join(problems[:20])
             more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""

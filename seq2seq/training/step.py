@@ -105,8 +105,9 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
     return jnp.sum(loss * w), jnp.sum(nll * w), jnp.sum(correct * w)
 
 
-def _forward(params, graphdef, batch, bos_id, label_smoothing, rngs):
+def _forward(params, graphdef, batch, bos_id, label_smoothing, dropout_key):
     model = nnx.merge(graphdef, params)
+    rngs = None if dropout_key is None else nnx.Rngs(dropout=dropout_key)
     logits = model(batch, bos_id=bos_id, deterministic=rngs is None, rngs=rngs)
     weights = batch["tgt_segments"] > 0
     loss, nll, correct = cross_entropy(logits, batch["tgt"], weights, label_smoothing)
@@ -133,11 +134,11 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, graphdef: nnx.
       The new state and float32 metric sums: ``loss``, ``nll``, ``correct``, ``tokens``,
       ``grad_norm`` (before clipping), ``skipped`` (1.0 if this step was skipped).
     """
-    rngs = nnx.Rngs(dropout=jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step))
+    dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     grad_fn = jax.value_and_grad(_forward, has_aux=True)
     (_, (loss, nll, correct, tokens)), grads = grad_fn(
-        state.params, graphdef, batch, bos_id, label_smoothing, rngs)
-    grad_norm = optax.global_norm(grads)
+        state.params, graphdef, batch, bos_id, label_smoothing, dropout_key)
+    grad_norm = optax.tree_utils.tree_norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
