@@ -78,18 +78,29 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    """SentencePiece model trained on the training split (Kudo & Richardson 2018).
+    """SentencePiece model(s) trained on the training split (Kudo & Richardson 2018).
 
     Attributes:
-      model_file: an existing ``.model`` to use instead of training one.
-      vocab_size: vocabulary size (pieces), including the 4 special ids.
+      joint: one vocabulary for both languages, trained on both sides (``spm.model``); if
+        false, a source and a target model, each trained on its own side
+        (``spm.{src_lang}.model``, ``spm.{tgt_lang}.model``), which needs
+        ``model.share_embeddings=false``.
+      model_file: an existing ``.model`` to use instead of training one (joint only).
+      src_model_file / tgt_model_file: existing ``.model`` files for the source / target side
+        (separate vocabularies only); an unset side is trained.
+      vocab_size: pieces per model, including the 4 special ids (pad 0, unk 1, bos 2, eos 3)
+        and the user-defined symbols.
       model_type: ``unigram`` or ``bpe``.
-      character_coverage: share of characters covered by the vocabulary.
-      input_sentence_size: sentences sampled for training (0 = all).
-      user_defined_symbols: pieces that are never split.
+      character_coverage: share of the characters in the training text that get a piece of
+        their own, in [0.98, 1] (SentencePiece's range); rarer ones become unk.
+      input_sentence_size: sentences sampled for training; 0 = all, else more than 100.
+      user_defined_symbols: pieces that are never split (e.g. tags like ``<2es>``).
     """
 
+    joint: bool = True
     model_file: str | None = None
+    src_model_file: str | None = None
+    tgt_model_file: str | None = None
     vocab_size: int = 8000
     model_type: str = "unigram"
     character_coverage: float = 1.0
@@ -101,10 +112,13 @@ class TokenizerConfig:
 class ModelConfig:
     """Transformer encoder-decoder hyperparameters (Vaswani et al. 2017, Table 3).
 
-    ``vocab_size`` is filled from the tokenizer at run time when left at 0.
+    ``vocab_size`` (target side, and source too when shared) and ``src_vocab_size`` (source
+    side of separate vocabularies; 0 = same as ``vocab_size``) are filled from the tokenizer
+    at run time when left at 0.
     """
 
     vocab_size: int = 0
+    src_vocab_size: int = 0
     d_model: int = 256
     num_heads: int = 4
     num_encoder_layers: int = 3

@@ -1,10 +1,14 @@
-"""SentencePiece subword tokenizer (Kudo & Richardson 2018), trained once per run directory.
+"""SentencePiece subword tokenizers (Kudo & Richardson 2018), trained once per run directory.
 
 Special ids are fixed so that the rest of the code never hard-codes them: the ``Tokenizer``
 object exposes ``pad_id`` (0), ``unk_id`` (1), ``bos_id`` (2) and ``eos_id`` (3).
-The trained model is stored as ``spm.model`` in the run directory together with
-``spm.json`` holding a content hash of its inputs (training text and options), so a rerun with
-the same data and options reuses it and a changed corpus trains a new one.
+
+A run has either one joint vocabulary trained on both languages (``spm.model``) or, with
+``tokenizer.joint=false``, one model per language trained on its own side
+(``spm.{lang}.model``). Each trained model is stored with ``<name>.json`` holding a content
+hash of its inputs (training text and training options), so a rerun with the same data and
+options reuses it and a changed corpus trains a new one. ``TokenizerPair`` holds the source
+and target tokenizers of a run (the same object twice when joint).
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import json
 import logging
 import re
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -27,6 +30,11 @@ from seq2seq.config import TokenizerConfig
 log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+MODEL_TYPES = ("unigram", "bpe")
+# The options that change what training produces; the reuse hash covers exactly these, so
+# e.g. pointing ``tgt_model_file`` at a file does not retrain the source model.
+_TRAINING_OPTIONS = ("vocab_size", "model_type", "character_coverage", "input_sentence_size",
+                     "user_defined_symbols")
 
 
 class TokenizerError(ValueError):
@@ -40,24 +48,30 @@ class Tokenizer:
       model_file: path of a ``.model`` file.
 
     Raises:
-      TokenizerError: the file is missing or not a SentencePiece model.
+      TokenizerError: the file is missing, not a SentencePiece model, or lacks a pad, bos or
+        eos piece.
     """
 
     def __init__(self, model_file: str | Path):
         path = Path(model_file)
         if not path.is_file():
             raise TokenizerError(f"tokenizer model not found: {path}")
+        data = path.read_bytes()
+        self.sp = spm.SentencePieceProcessor()
         try:
-            self.sp = spm.SentencePieceProcessor(model_file=str(path))
-        except (OSError, RuntimeError) as e:
+            self.sp.LoadFromSerializedProto(data)
+        except (OSError, RuntimeError, TypeError) as e:
             raise TokenizerError(f"{path}: not a SentencePiece model ({e})") from e
         self.path = path
+        self.sha256 = hashlib.sha256(data).hexdigest()  # identifies the model in cache keys
         self.pad_id = self.sp.pad_id()
         self.unk_id = self.sp.unk_id()
         self.bos_id = self.sp.bos_id()
         self.eos_id = self.sp.eos_id()
         if min(self.pad_id, self.bos_id, self.eos_id) < 0:
-            raise TokenizerError(f"{path}: the model must define pad, bos and eos pieces")
+            raise TokenizerError(f"{path}: the model must define pad, bos and eos pieces "
+                                 f"(has pad={self.pad_id}, bos={self.bos_id}, eos={self.eos_id};"
+                                 " -1 = missing); train it with --pad_id/--bos_id/--eos_id")
 
     @property
     def vocab_size(self) -> int:
@@ -65,7 +79,7 @@ class Tokenizer:
         return self.sp.get_piece_size()
 
     def encode(self, texts: Sequence[str], *, add_eos: bool = True) -> list[np.ndarray]:
-        """Token ids of each text (int32 arrays), ending with EOS when ``add_eos``."""
+        """Token ids of each text: int32 arrays ``[len_i]``, ending with EOS when ``add_eos``."""
         ids = self.sp.encode(list(texts), out_type=int, add_eos=add_eos, num_threads=0)
         return [np.asarray(x, dtype=np.int32) for x in ids]
 
@@ -80,34 +94,152 @@ class Tokenizer:
         return out
 
 
+class TokenizerPair:
+    """The source-side and target-side tokenizers of a run.
+
+    It can stand in for a ``Tokenizer`` wherever text goes source → target (the translator):
+    ``encode`` uses the source model, ``decode`` the target model, and the special ids are
+    the ones both models share. With a joint vocabulary ``source`` and ``target`` are the same
+    object, and the pair behaves exactly like that one ``Tokenizer``.
+
+    Args:
+      source / target: the loaded models.
+
+    Raises:
+      TokenizerError: the two models disagree on the pad, bos or eos id.
+    """
+
+    def __init__(self, source: Tokenizer, target: Tokenizer):
+        for name in ("pad_id", "bos_id", "eos_id"):
+            if getattr(source, name) != getattr(target, name):
+                raise TokenizerError(
+                    f"{source.path} and {target.path} disagree on {name} "
+                    f"({getattr(source, name)} vs {getattr(target, name)}); both sides need the "
+                    "same special ids")
+        self.source, self.target = source, target
+        self.pad_id, self.bos_id, self.eos_id = target.pad_id, target.bos_id, target.eos_id
+        self.unk_id = target.unk_id
+
+    @property
+    def joint(self) -> bool:
+        """True when source and target share one model (one vocabulary)."""
+        return self.source is self.target
+
+    @property
+    def vocab_size(self) -> int:
+        """Target vocabulary size (``model.vocab_size``: decoder input and output)."""
+        return self.target.vocab_size
+
+    @property
+    def src_vocab_size(self) -> int:
+        """Source vocabulary size (``model.src_vocab_size`` with separate vocabularies)."""
+        return self.source.vocab_size
+
+    def encode(self, texts: Sequence[str], *, add_eos: bool = True) -> list[np.ndarray]:
+        """Source-side ids of each text (int32 arrays), see ``Tokenizer.encode``."""
+        return self.source.encode(texts, add_eos=add_eos)
+
+    def decode(self, ids: Iterable[Sequence[int]]) -> list[str]:
+        """Target-side text of each id sequence, see ``Tokenizer.decode``."""
+        return self.target.decode(ids)
+
+
+def check_options(config: TokenizerConfig) -> None:
+    """Reject tokenizer options SentencePiece would refuse with an opaque message.
+
+    Raises:
+      TokenizerError: naming the key, for an unknown ``model_type``, ``character_coverage``
+        outside [0.98, 1], ``input_sentence_size`` in 1…100 or negative, ``vocab_size`` not
+        above the 4 special ids plus the user-defined symbols, an empty or duplicated
+        user-defined symbol, or model files that do not fit ``joint``.
+    """
+    if config.model_type not in MODEL_TYPES:
+        raise TokenizerError(f"tokenizer.model_type={config.model_type!r}: expected one of "
+                             f"{', '.join(MODEL_TYPES)}")
+    if not 0.98 <= config.character_coverage <= 1.0:
+        raise TokenizerError(f"tokenizer.character_coverage={config.character_coverage}: "
+                             "SentencePiece accepts 0.98 to 1.0 (1.0 for small alphabets, "
+                             "0.9995 for large ones such as Chinese or Japanese)")
+    if config.input_sentence_size < 0 or 0 < config.input_sentence_size <= 100:
+        raise TokenizerError(f"tokenizer.input_sentence_size={config.input_sentence_size}: "
+                             "use 0 (all sentences) or more than 100")
+    symbols = list(config.user_defined_symbols)
+    if any(not s for s in symbols) or len(set(symbols)) != len(symbols):
+        raise TokenizerError(f"tokenizer.user_defined_symbols={symbols}: symbols must be "
+                             "non-empty and distinct")
+    if config.vocab_size <= 4 + len(symbols):
+        raise TokenizerError(f"tokenizer.vocab_size={config.vocab_size}: must exceed the 4 "
+                             f"special ids and {len(symbols)} user-defined symbols")
+    if config.joint and (config.src_model_file or config.tgt_model_file):
+        raise TokenizerError("tokenizer.src_model_file/tgt_model_file are for separate "
+                             "vocabularies (tokenizer.joint=false); use tokenizer.model_file")
+    if not config.joint and config.model_file:
+        raise TokenizerError("tokenizer.model_file is one joint model but tokenizer.joint is "
+                             "false; use tokenizer.src_model_file and tokenizer.tgt_model_file")
+
+
+def model_names(config: TokenizerConfig, src_lang: str, tgt_lang: str) -> tuple[str, str]:
+    """File stems of the trained source and target models in the run directory.
+
+    ``("spm", "spm")`` for a joint vocabulary, else ``("spm.{src_lang}", "spm.{tgt_lang}")``
+    (so a run and its reverse direction name the same files the same way).
+    """
+    return ("spm", "spm") if config.joint else (f"spm.{src_lang}", f"spm.{tgt_lang}")
+
+
 def _fingerprint(texts: Sequence[str], config: TokenizerConfig) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps(asdict(config), sort_keys=True).encode())
+    options = {k: getattr(config, k) for k in _TRAINING_OPTIONS}
+    h.update(json.dumps(options, sort_keys=True).encode())
     for t in texts:
         h.update(t.encode("utf-8"))
         h.update(b"\n")
     return h.hexdigest()
 
 
-def train_or_load(texts: Sequence[str], config: TokenizerConfig, workdir: str | Path) -> Tokenizer:
-    """Train a joint SentencePiece model on ``texts`` once, or reuse the one in ``workdir``.
+def _explain(message: str, config: TokenizerConfig, what: str) -> str:
+    """A SentencePiece training error rewritten as what to change in the config."""
+    too_high = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)",
+                         message)
+    if too_high:
+        return (f"tokenizer.vocab_size={too_high.group(1)} is more than the {what} supports: "
+                f"at most {too_high.group(2)} pieces can be learned from it; set "
+                f"tokenizer.vocab_size={too_high.group(2)} or less (or train on more text)")
+    too_low = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
+    if too_low:
+        return (f"tokenizer.vocab_size={too_low.group(1)} is too small for the {what}: its "
+                f"characters and the special pieces alone need {too_low.group(2)}; set "
+                f"tokenizer.vocab_size={too_low.group(2)} or more, or lower "
+                f"tokenizer.character_coverage (now {config.character_coverage})")
+    return f"SentencePiece training on the {what} failed: {message}"
+
+
+def train_or_load(texts: Sequence[str], config: TokenizerConfig, workdir: str | Path, *,
+                  name: str = "spm", what: str = "training text") -> Tokenizer:
+    """Train a SentencePiece model on ``texts`` once, or reuse the one in ``workdir``.
 
     Args:
-      texts: training sentences (source and target sides together for a joint vocabulary).
-      config: tokenizer options; ``model_file`` set means use that model as is.
-      workdir: run directory; the model is written to ``workdir/spm.model``.
+      texts: training sentences (both sides together for a joint vocabulary, one side for a
+        separate one).
+      config: tokenizer options; ``model_file`` set means use that model as is (joint only).
+      workdir: run directory; the model is written to ``workdir/{name}.model`` and the hash of
+        its inputs to ``workdir/{name}.json``.
+      name: file stem, see ``model_names``.
+      what: how messages name ``texts`` (e.g. "source (en) side of the training split").
 
     Returns:
       The loaded Tokenizer.
 
     Raises:
-      TokenizerError: training fails, e.g. the vocabulary is larger than the corpus supports
-        (the message suggests the largest size SentencePiece reported as possible).
+      TokenizerError: invalid options (see ``check_options``), or training fails; a vocabulary
+        larger than the text supports names the largest size that works, one too small for
+        the alphabet the smallest.
     """
+    check_options(config)
     if config.model_file:
         return Tokenizer(config.model_file)
     workdir = Path(workdir)
-    model_path, meta_path = workdir / "spm.model", workdir / "spm.json"
+    model_path, meta_path = workdir / f"{name}.model", workdir / f"{name}.json"
     digest = _fingerprint(texts, config)
     if model_path.is_file() and meta_path.is_file():
         if json.loads(meta_path.read_text()).get("sha256") == digest:
@@ -125,15 +257,63 @@ def train_or_load(texts: Sequence[str], config: TokenizerConfig, workdir: str | 
             user_defined_symbols=list(config.user_defined_symbols),
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             num_threads=2, minloglevel=2)
-    except RuntimeError as e:
-        msg = str(e)
-        m = re.search(r"<= (\d+)", msg)
-        hint = f"; try tokenizer.vocab_size={m.group(1)} or less" if m else ""
-        raise TokenizerError(f"SentencePiece training failed: {msg}{hint}") from e
+    except (RuntimeError, ValueError) as e:
+        raise TokenizerError(_explain(str(e), config, what)) from e
     workdir.mkdir(parents=True, exist_ok=True)
     tmp = model_path.with_suffix(".tmp")
     tmp.write_bytes(model.getvalue())
     tmp.replace(model_path)
-    meta_path.write_text(json.dumps({"sha256": digest, "config": asdict(config)}, indent=1))
-    log.info("trained tokenizer (%d pieces) in %.1f s", config.vocab_size, time.perf_counter() - start)
+    options = {k: getattr(config, k) for k in _TRAINING_OPTIONS}
+    meta_path.write_text(json.dumps({"sha256": digest, "options": options}, indent=1))
+    log.info("trained tokenizer %s (%d pieces) on the %s in %.1f s", model_path,
+             config.vocab_size, what, time.perf_counter() - start)
     return Tokenizer(model_path)
+
+
+def train_or_load_pair(sources: Sequence[str], targets: Sequence[str], config: TokenizerConfig,
+                       workdir: str | Path, *, src_lang: str, tgt_lang: str) -> TokenizerPair:
+    """The run's source and target tokenizers: trained once on the training split, or given.
+
+    Joint (``config.joint``): one model trained on ``sources + targets`` (or
+    ``config.model_file``). Separate: a source model trained on ``sources`` only and a
+    target model on ``targets`` only (or ``src_model_file`` / ``tgt_model_file``).
+
+    Args:
+      sources / targets: the training split's aligned sentences.
+      config: tokenizer options.
+      workdir: run directory (see ``model_names`` for the file names).
+      src_lang / tgt_lang: language codes (file names and messages).
+
+    Raises:
+      TokenizerError: see ``train_or_load``; messages of separate models name the side.
+    """
+    check_options(config)
+    src_name, tgt_name = model_names(config, src_lang, tgt_lang)
+    if config.joint:
+        tok = train_or_load(list(sources) + list(targets), config, workdir, name=src_name,
+                            what="training split (both sides, joint vocabulary)")
+        return TokenizerPair(tok, tok)
+    sides = []
+    for texts, given, name, role, lang in ((sources, config.src_model_file, src_name, "source",
+                                            src_lang),
+                                           (targets, config.tgt_model_file, tgt_name, "target",
+                                            tgt_lang)):
+        sides.append(Tokenizer(given) if given else train_or_load(
+            texts, config, workdir, name=name, what=f"{role} ({lang}) side of the training split"))
+    return TokenizerPair(*sides)
+
+
+def load_pair(config: TokenizerConfig, workdir: str | Path, *, src_lang: str,
+              tgt_lang: str) -> TokenizerPair:
+    """Load a trained run's tokenizers without training (for translation and evaluation).
+
+    Raises:
+      TokenizerError: a model file is missing or invalid (the message names it).
+    """
+    src_name, tgt_name = model_names(config, src_lang, tgt_lang)
+    workdir = Path(workdir)
+    if config.joint:
+        tok = Tokenizer(config.model_file or workdir / f"{src_name}.model")
+        return TokenizerPair(tok, tok)
+    return TokenizerPair(Tokenizer(config.src_model_file or workdir / f"{src_name}.model"),
+                         Tokenizer(config.tgt_model_file or workdir / f"{tgt_name}.model"))

@@ -46,11 +46,13 @@ class Transformer(nnx.Module):
     """Encoder-decoder Transformer (Vaswani et al. 2017, Fig. 1).
 
     Args:
-      config: ``ModelConfig``; ``vocab_size`` must be set (> 0).
+      config: ``ModelConfig``; ``vocab_size`` must be set (> 0); ``src_vocab_size`` (if not 0)
+        sizes the source embedding, which then cannot be shared.
       rngs: initialisation keys (``params``).
 
     Raises:
-      ValueError: vocab_size is not set or the shape settings are inconsistent.
+      ValueError: vocab_size is not set, src_vocab_size differs from it with shared
+        embeddings, or the shape settings are inconsistent.
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
@@ -62,7 +64,11 @@ class Transformer(nnx.Module):
         d = config.d_model
         # N(0, d^-1/2) so that embeddings × √d have unit scale (tensor2tensor practice).
         embed_init = logical(nnx.initializers.normal(stddev=d ** -0.5), ("vocab", "embed"))
-        self.embed = nnx.Embed(config.vocab_size, d, dtype=dtype, embedding_init=embed_init, rngs=rngs)
+        src_vocab = config.src_vocab_size or config.vocab_size
+        if config.share_embeddings and src_vocab != config.vocab_size:
+            raise ValueError(f"model.src_vocab_size={src_vocab} differs from model.vocab_size="
+                             f"{config.vocab_size}: set model.share_embeddings=false")
+        self.embed = nnx.Embed(src_vocab, d, dtype=dtype, embedding_init=embed_init, rngs=rngs)
         if not config.share_embeddings:
             self.target_embed = nnx.Embed(config.vocab_size, d, dtype=dtype,
                                           embedding_init=embed_init, rngs=rngs)
