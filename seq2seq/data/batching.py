@@ -8,7 +8,14 @@ raises the share of real tokens from ~30% (one pair per 32-token row) to over 90
 
 The batch at step ``k`` is a function of ``(seed, k)`` alone: epoch ``e`` shuffles the pairs
 with ``default_rng((seed, e))`` and packs them greedily, so a resumed run sees exactly the
-batches an uninterrupted run would have seen.
+batches an uninterrupted run would have seen, with no iterator state to checkpoint. With
+several processes (hosts), process ``i`` of ``n`` lays out only rows
+``[i·rows/n, (i+1)·rows/n)`` of each global batch: the shares are disjoint and together are
+exactly the global batch.
+
+We do not use ``grain``: its packing (``FirstFitPackIterDataset``) is an iterator whose
+position must be checkpointed and restored, whereas ``batch_at(step)`` needs nothing but the
+step already in the checkpoint, and the whole of this file is smaller than that dependency.
 """
 
 from __future__ import annotations
@@ -144,11 +151,45 @@ class PackedBatches:
             epoch += 1
         return epoch, step
 
-    def batch_at(self, step: int) -> Batch:
-        """The batch used at ``step``: a function of (seed, step) alone."""
+    def batch_at(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
+        """The batch used at ``step`` (0-based): a function of (seed, step) alone.
+
+        Args:
+          step: global training step.
+          process_index / process_count: this process's place among the processes that share
+            each global batch (``jax.process_index()`` / ``jax.process_count()``).
+
+        Returns:
+          This process's contiguous share of the global batch: int32 arrays
+          ``[rows // process_count, max_len]`` holding global rows
+          ``[process_index · rows/process_count, (process_index + 1) · rows/process_count)``
+          (the whole batch for one process). Only those rows are laid out.
+
+        Raises:
+          ValueError: ``rows`` is not divisible by ``process_count``, or ``process_index`` is
+            outside ``[0, process_count)``.
+        """
+        if process_count < 1 or not 0 <= process_index < process_count:
+            raise ValueError(f"process_index={process_index} must be in [0, process_count="
+                             f"{process_count})")
+        if self.rows % process_count:
+            raise ValueError(f"{self.rows} rows per batch cannot be split evenly over "
+                             f"{process_count} processes; choose data.max_tokens so that "
+                             "max_tokens // max_len is a multiple of the process count")
+        share = self.rows // process_count
         epoch, index = self.locate(step)
-        rows = self.epoch_rows(epoch)[index * self.rows:(index + 1) * self.rows]
-        return make_batch(rows, self.src, self.tgt, self.rows, self.max_len)
+        first = index * self.rows + process_index * share
+        rows = self.epoch_rows(epoch)[first:first + share]
+        return make_batch(rows, self.src, self.tgt, share, self.max_len)
+
+    def real_token_share(self, epoch: int = 0) -> float:
+        """Share of real (non-padding) tokens over all batches of ``epoch``, both sides, in [0, 1].
+
+        Computed from the packed lengths, without laying out the batches; the epoch's last,
+        partly filled batch counts with its padding rows.
+        """
+        real = self.src_lengths.sum() + self.tgt_lengths.sum()
+        return float(real) / (2 * self.batches_in_epoch(epoch) * self.rows * self.max_len)
 
     def epoch(self, epoch: int = 0) -> Iterator[Batch]:
         """All batches of one epoch, in order (used for evaluation)."""
