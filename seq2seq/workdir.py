@@ -4,7 +4,9 @@ Layout::
 
     workdir/
       config.yaml          resolved config (vocab_size filled in)
-      spm.model, spm.json  SentencePiece model and the hash of its inputs
+      spm.model, spm.json  SentencePiece model and the hash of its inputs (separate
+                           vocabularies: spm.{src_lang}.model/.json, spm.{tgt_lang}.model/.json)
+      tokens/              cached token ids of each split and side (seq2seq.data.token_cache)
       checkpoints/<step>/  orbax checkpoints (state + JSON bookkeeping)
       metrics.jsonl        one JSON object per log/eval event
       events.*             TensorBoard event files
@@ -20,7 +22,7 @@ from typing import Any
 import jax
 
 from seq2seq.config import Config, load_config
-from seq2seq.data.tokenizer import Tokenizer
+from seq2seq.data.tokenizer import TokenizerPair, load_pair
 from seq2seq.model import build_model
 from seq2seq.training.checkpoints import Checkpointer, CheckpointError
 from seq2seq.training.step import TrainState, create_train_state, make_optimizer
@@ -55,7 +57,7 @@ def abstract_train_state(config: Config) -> tuple[Any, TrainState]:
     return holder["graphdef"], state
 
 
-def load_trained(workdir: str | Path, step: int | None = None) -> tuple[Config, Tokenizer, Any, Any]:
+def load_trained(workdir: str | Path, step: int | None = None) -> tuple[Config, TokenizerPair, Any, Any]:
     """Load a run's config, tokenizer and parameters for translation/evaluation.
 
     Args:
@@ -73,7 +75,8 @@ def load_trained(workdir: str | Path, step: int | None = None) -> tuple[Config, 
     if not config_path(workdir).is_file():
         raise FileNotFoundError(f"{workdir} is not a run directory (no config.yaml)")
     config = load_config(config_path(workdir))
-    tokenizer = Tokenizer(config.tokenizer.model_file or tokenizer_path(workdir))
+    tokenizer = load_pair(config.tokenizer, workdir, src_lang=config.data.src_lang,
+                          tgt_lang=config.data.tgt_lang)
     graphdef, abstract_state = abstract_train_state(config)
     checkpointer = Checkpointer(checkpoint_dir(workdir), async_save=False)
     try:

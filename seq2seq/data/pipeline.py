@@ -1,4 +1,10 @@
-"""From config to batches: read the splits, train/load the tokenizer, tokenize, filter, pack."""
+"""From config to batches: read the splits, train/load the tokenizers, tokenize, filter, pack.
+
+Token ids are cached in ``{workdir}/tokens/`` (see ``seq2seq.data.token_cache``), so a resumed
+or second run reads them back instead of tokenizing again. Training pairs may be dropped by
+the length and ratio filters; dev and test pairs never are: over-long dev pairs and test
+sources are truncated, and every drop and truncation is counted in ``PreparedData.stats``.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,21 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
-from seq2seq.config import Config
+from seq2seq.config import Config, ConfigError, replace
 from seq2seq.data.batching import PackedBatches
 from seq2seq.data.sources import load_parallel, overlap_report
-from seq2seq.data.tokenizer import Tokenizer, train_or_load
+from seq2seq.data.token_cache import encode_cached
+from seq2seq.data.tokenizer import Tokenizer, TokenizerPair, check_options, train_or_load_pair
 
 log = logging.getLogger(__name__)
+
+# Sources up to this many tokens are decoded whole even when data.max_len is smaller
+# (positions are sinusoidal, so the model can read past its training length).
+MIN_DECODE_SOURCE_LEN = 256
 
 
 @dataclass
@@ -30,19 +42,75 @@ class PreparedData:
     """Everything training needs from the data side.
 
     Attributes:
-      tokenizer: the run's SentencePiece tokenizer.
+      tokenizer: the run's source and target tokenizers (one model twice when joint); it can
+        be used as a ``Tokenizer`` for translation (encode = source, decode = target).
       train: packed, shuffled training batches (batch k is a function of (seed, k)).
       dev: packed dev batches in corpus order (for loss/accuracy).
       dev_text / test_text: raw dev/test pairs (for BLEU).
-      stats: counts reported to the user (pairs, filtered, truncated, overlap, throughput).
+      stats: what was read, dropped, truncated and cached, and how fast (see ``prepare``).
     """
 
-    tokenizer: Tokenizer
+    tokenizer: TokenizerPair
     train: PackedBatches
     dev: PackedBatches
     dev_text: Corpus
     test_text: Corpus
     stats: dict[str, float] = field(default_factory=dict)
+
+
+def decode_source_limit(config: Config) -> int:
+    """Longest source, in tokens, that translation decodes whole: ``max(data.max_len, 256)``.
+
+    The training loop gives this to ``Translator(max_src_len=...)`` for the test split, and
+    ``prepare`` counts the test sources beyond it (``test_sources_truncated``).
+    """
+    return max(config.data.max_len, MIN_DECODE_SOURCE_LEN)
+
+
+def check_vocabularies(config: Config) -> None:
+    """Reject tokenizer/model settings that cannot work together, before any data is read.
+
+    Raises:
+      ConfigError: separate vocabularies (``tokenizer.joint=false``) with
+        ``model.share_embeddings=true``, or an invalid tokenizer option.
+    """
+    if not config.tokenizer.joint and config.model.share_embeddings:
+        raise ConfigError("tokenizer.joint=false gives the source and target separate "
+                          "vocabularies, which cannot share one embedding matrix: set "
+                          "model.share_embeddings=false (or tokenizer.joint=true)")
+    try:
+        check_options(config.tokenizer)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+def fill_vocab_sizes(config: Config, tokenizer: TokenizerPair) -> Config:
+    """``config`` with ``model.vocab_size`` (and ``model.src_vocab_size`` for separate
+    vocabularies) set from the tokenizers where they are 0.
+
+    Raises:
+      ConfigError: a size set in the config differs from the tokenizer's, or separate
+        vocabularies meet ``model.share_embeddings=true``.
+    """
+    m = config.model
+    if not tokenizer.joint and m.share_embeddings:
+        raise ConfigError("the source and target tokenizers are separate models; set "
+                          "model.share_embeddings=false")
+    sizes = {"vocab_size": ("target", tokenizer.vocab_size)}
+    if not tokenizer.joint:
+        sizes["src_vocab_size"] = ("source", tokenizer.src_vocab_size)
+    elif m.src_vocab_size not in (0, tokenizer.vocab_size):
+        raise ConfigError(f"model.src_vocab_size={m.src_vocab_size} but the vocabulary is joint "
+                          f"({tokenizer.vocab_size} pieces); leave model.src_vocab_size at 0")
+    changes = {}
+    for key, (side, size) in sizes.items():
+        current = getattr(m, key)
+        if current == 0:
+            changes[f"model.{key}"] = size
+        elif current != size:
+            raise ConfigError(f"model.{key}={current} but the {side} tokenizer has {size} "
+                              f"pieces; leave model.{key} at 0")
+    return replace(config, **changes) if changes else config
 
 
 def _read(config: Config, split: str):
@@ -55,28 +123,68 @@ def _text(ds) -> Corpus:
     return Corpus(list(ds["source"]), list(ds["target"]))
 
 
-def _truncate(ids: list[np.ndarray], max_len: int, eos_id: int) -> tuple[list[np.ndarray], int]:
-    out, count = [], 0
-    for x in ids:
+def _truncate(ids: list[np.ndarray], max_len: int, eos_id: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """Cut sequences longer than ``max_len`` to ``max_len - 1`` tokens + EOS.
+
+    Returns the sequences and a bool ``[n]`` mask of the ones cut.
+    """
+    out, cut = [], np.zeros(len(ids), bool)
+    for i, x in enumerate(ids):
         if len(x) > max_len:
             x = np.concatenate([x[: max_len - 1], [eos_id]]).astype(np.int32)
-            count += 1
+            cut[i] = True
         out.append(x)
-    return out, count
+    return out, cut
+
+
+class _Encoder:
+    """Tokenizes through the cache and tallies throughput and cache use into ``stats``."""
+
+    def __init__(self, cache_dir: Path, stats: dict[str, float]):
+        self.cache_dir, self.stats = cache_dir, stats
+        for key in ("tokenize_sentences", "tokenize_seconds", "token_cache_hits",
+                    "token_cache_seconds"):
+            stats[key] = 0
+
+    def __call__(self, tokenizer: Tokenizer, texts: Sequence[str], name: str) -> list[np.ndarray]:
+        ids, hit, seconds = encode_cached(tokenizer, texts, self.cache_dir, name)
+        if hit:
+            self.stats["token_cache_hits"] += 1
+            self.stats["token_cache_seconds"] += seconds
+        else:
+            self.stats["tokenize_sentences"] += len(texts)
+            self.stats["tokenize_seconds"] += seconds
+            if self.stats["tokenize_seconds"] > 0:
+                self.stats["tokenize_sentences_per_second"] = (
+                    self.stats["tokenize_sentences"] / self.stats["tokenize_seconds"])
+        return ids
 
 
 def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> PreparedData:
     """Read, tokenize and batch the corpus of ``config`` for a run in ``workdir``.
 
     Training pairs longer than ``data.max_len`` tokens on either side, or whose length ratio
-    exceeds ``data.max_length_ratio``, are dropped (counted); dev pairs are truncated (counted).
+    exceeds ``data.max_length_ratio``, are dropped (counted). Dev pairs are truncated to
+    ``data.max_len`` tokens per side, test sources to ``decode_source_limit(config)``
+    (counted); no dev or test pair is dropped.
+
+    ``stats`` holds: ``train_pairs_read``, ``train_pairs`` (kept),
+    ``train_pairs_dropped_length``, ``train_pairs_dropped_ratio``, ``dev_pairs``,
+    ``dev_pairs_truncated``, ``test_pairs``, ``test_sources_truncated``,
+    ``dev_sources_in_train`` / ``test_sources_in_train`` (overlap), ``train_real_token_share``
+    (epoch 0, in [0, 1]), ``read_seconds``, ``tokenizer_seconds`` (train or load the models),
+    ``tokenize_sentences`` and ``tokenize_seconds`` (sentences tokenized now, not from the
+    cache), ``tokenize_sentences_per_second`` (only when some were), ``token_cache_hits``
+    (split sides read from the cache) and ``token_cache_seconds``.
 
     Raises:
+      ConfigError: tokenizer settings that cannot work (see ``check_vocabularies``).
       DataError: a split cannot be read (see ``seq2seq.data.sources``).
-      TokenizerError: the tokenizer cannot be trained.
+      TokenizerError: a tokenizer cannot be trained or loaded.
       ValueError: no training pair survives the filters.
     """
     d = config.data
+    check_vocabularies(config)
     start = time.perf_counter()
     train_ds, dev_ds = _read(config, "train"), _read(config, "dev")
     test_ds = _read(config, "test") if need_test else None
@@ -84,12 +192,14 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
     test = _text(test_ds) if need_test else Corpus([], [])
     stats: dict[str, float] = {"train_pairs_read": len(train.sources), "dev_pairs": len(dev.sources),
                                "test_pairs": len(test.sources), "read_seconds": time.perf_counter() - start}
-    tokenizer = train_or_load(train.sources + train.targets, config.tokenizer, workdir)
-
     start = time.perf_counter()
-    src, tgt = tokenizer.encode(train.sources), tokenizer.encode(train.targets)
-    seconds = time.perf_counter() - start
-    stats["tokenize_sentences_per_second"] = 2 * len(src) / max(seconds, 1e-9)
+    tokenizer = train_or_load_pair(train.sources, train.targets, config.tokenizer, workdir,
+                                   src_lang=d.src_lang, tgt_lang=d.tgt_lang)
+    stats["tokenizer_seconds"] = time.perf_counter() - start
+    encode = _Encoder(Path(workdir) / "tokens", stats)
+
+    src = encode(tokenizer.source, train.sources, "train.source")
+    tgt = encode(tokenizer.target, train.targets, "train.target")
     src_len = np.array([len(x) for x in src])
     tgt_len = np.array([len(x) for x in tgt])
     ratio = np.maximum(src_len, tgt_len) / np.maximum(np.minimum(src_len, tgt_len), 1)
@@ -105,16 +215,28 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
     rows = max(1, d.max_tokens // d.max_len)
     train_batches = PackedBatches(src, tgt, max_len=d.max_len, rows=rows, seed=config.train.seed,
                                   packing=d.packing)
+    stats["train_real_token_share"] = train_batches.real_token_share(0)
 
-    dev_src, n1 = _truncate(tokenizer.encode(dev.sources), d.max_len, tokenizer.eos_id)
-    dev_tgt, n2 = _truncate(tokenizer.encode(dev.targets), d.max_len, tokenizer.eos_id)
-    stats["dev_pairs_truncated"] = max(n1, n2)
+    dev_src, cut_src = _truncate(encode(tokenizer.source, dev.sources, "dev.source"), d.max_len,
+                                 tokenizer.eos_id)
+    dev_tgt, cut_tgt = _truncate(encode(tokenizer.target, dev.targets, "dev.target"), d.max_len,
+                                 tokenizer.eos_id)
+    stats["dev_pairs_truncated"] = int(np.sum(cut_src | cut_tgt))
     dev_batches = PackedBatches(dev_src, dev_tgt, max_len=d.max_len, rows=rows, packing=d.packing,
                                 shuffle=False)
+    if need_test:
+        test_src = encode(tokenizer.source, test.sources, "test.source")
+        limit = decode_source_limit(config)
+        stats["test_sources_truncated"] = int(sum(len(x) > limit for x in test_src))
 
     stats["dev_sources_in_train"] = overlap_report(train_ds, dev_ds)
     if need_test:
         stats["test_sources_in_train"] = overlap_report(train_ds, test_ds)
+    if stats["dev_pairs_truncated"]:
+        log.warning("dev: %d pairs longer than data.max_len=%d tokens truncated (none dropped)",
+                    stats["dev_pairs_truncated"], d.max_len)
+    if stats.get("test_sources_truncated"):
+        log.warning("test: %d sources longer than %d tokens will be truncated (none dropped)",
+                    stats["test_sources_truncated"], decode_source_limit(config))
     log.info("data: %s", ", ".join(f"{k}={v:.6g}" for k, v in stats.items()))
     return PreparedData(tokenizer, train_batches, dev_batches, dev, test, stats)
-

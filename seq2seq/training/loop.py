@@ -20,8 +20,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from seq2seq import evaluation
-from seq2seq.config import Config, replace, save_config
-from seq2seq.data.pipeline import PreparedData, prepare
+from seq2seq.config import Config, save_config
+from seq2seq.data.pipeline import PreparedData, decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.model import build_model
 from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.metrics import MetricsWriter
@@ -103,11 +103,7 @@ def train(config: Config) -> dict[str, Any]:
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     data = prepare(config, workdir)
-    if config.model.vocab_size == 0:
-        config = replace(config, **{"model.vocab_size": data.tokenizer.vocab_size})
-    elif config.model.vocab_size != data.tokenizer.vocab_size:
-        raise ValueError(f"model.vocab_size={config.model.vocab_size} but the tokenizer has "
-                         f"{data.tokenizer.vocab_size} pieces; leave model.vocab_size at 0")
+    config = fill_vocab_sizes(config, data.tokenizer)
     save_config(config, config_path(workdir))
 
     tcfg = config.train
@@ -195,7 +191,7 @@ def train(config: Config) -> dict[str, Any]:
 
     # -- test set ---------------------------------------------------------------------------
     translator = Translator(graphdef, state.params, data.tokenizer, config.decode,
-                            max_src_len=max(config.data.max_len, 256))
+                            max_src_len=decode_source_limit(config))
     sources, refs = data.test_text.sources, data.test_text.targets
     if config.decode.test_limit:
         sources, refs = sources[: config.decode.test_limit], refs[: config.decode.test_limit]

@@ -1,0 +1,222 @@
+"""prepare(): filters and counts, the token cache across runs, separate vocabularies, and the
+real-token share on the shipped corpus."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import datasets
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sentencepiece as spm
+from flax import nnx
+
+from seq2seq.config import (Config, ConfigError, DataConfig, ModelConfig, SourceConfig,
+                            TokenizerConfig, load_config, replace)
+from seq2seq.data.batching import FIELDS, PackedBatches, real_token_share
+from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
+from seq2seq.data.tokenizer import Tokenizer, train_or_load
+from seq2seq.model import build_model
+from seq2seq.training.step import eval_step
+from test_tokenizer import corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+TATOEBA = ROOT / "data" / "tatoeba-en-es"
+
+LONG_EN = " ".join(["Tom sees the cat and"] * 10)  # ~190 tokens with the toy vocabulary
+LONG_ES = " ".join(["Tom veo el gato y"] * 10)
+SHORT_EN, WORDY_ES = "Tom.", "¿Tom veo el gato mañana?"  # ~6 vs ~24 tokens: ratio > 3
+HUGE_EN = "Tom sees the cat " * 80  # > 256 tokens
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _private_hf_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path_factory.mktemp("hf_cache"))
+        yield
+
+
+def write_split(directory: Path, name: str, en: list[str], es: list[str]) -> str:
+    for lang, lines in (("en", en), ("es", es)):
+        (directory / f"{name}.{lang}").write_text("".join(s + "\n" for s in lines), encoding="utf-8")
+    return str(directory / name)
+
+
+@pytest.fixture
+def toy(tmp_path) -> dict:
+    """A toy corpus with one over-long and one ill-proportioned training pair, one over-long
+    dev pair and one over-long test source."""
+    en, es = corpus(300, seed=0)
+    train_en, train_es = en + [LONG_EN, SHORT_EN], es + [LONG_ES, WORDY_ES]
+    dev_en, dev_es = corpus(20, seed=1)
+    dev_en, dev_es = dev_en + [LONG_EN], dev_es + [LONG_ES]
+    test_en, test_es = corpus(10, seed=2)
+    test_en, test_es = test_en + [HUGE_EN], test_es + ["Tom."]
+    return {"dir": tmp_path, "train": (train_en, train_es), "dev": (dev_en, dev_es),
+            "test": (test_en, test_es),
+            "paths": {s: write_split(tmp_path, s, *v) for s, v in
+                      (("train", (train_en, train_es)), ("dev", (dev_en, dev_es)),
+                       ("test", (test_en, test_es)))}}
+
+
+def toy_config(toy: dict, **changes) -> Config:
+    paths = toy["paths"]
+    config = Config(
+        workdir=str(toy["dir"] / "run"),
+        data=DataConfig(train=SourceConfig(path=paths["train"]),
+                        dev=SourceConfig(path=paths["dev"]), test=SourceConfig(path=paths["test"]),
+                        max_len=40, max_tokens=160),
+        tokenizer=TokenizerConfig(vocab_size=48),
+        model=ModelConfig(d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                          d_ff=32, dropout_rate=0.0))
+    return replace(config, **changes)
+
+
+def test_only_training_pairs_are_dropped_and_every_cut_is_counted(toy):
+    config = toy_config(toy)
+    data = prepare(config, config.workdir)
+    tok = data.tokenizer
+    # the premises of the toy corpus hold for the trained vocabulary
+    assert len(tok.encode([LONG_EN])[0]) > 40 and len(tok.encode([HUGE_EN])[0]) > 256
+    short, wordy = len(tok.source.encode([SHORT_EN])[0]), len(tok.target.encode([WORDY_ES])[0])
+    assert wordy / short > 3 and wordy <= 40
+    s = data.stats
+    assert (s["train_pairs_read"], s["train_pairs_dropped_length"],
+            s["train_pairs_dropped_ratio"], s["train_pairs"]) == (302, 1, 1, 300)
+    assert (s["dev_pairs"], s["dev_pairs_truncated"]) == (21, 1)
+    assert (s["test_pairs"], s["test_sources_truncated"]) == (11, 1)
+    assert decode_source_limit(config) == 256
+    train_sources = set(toy["train"][0])
+    assert s["dev_sources_in_train"] == sum(x in train_sources for x in toy["dev"][0])
+    assert s["test_sources_in_train"] == sum(x in train_sources for x in toy["test"][0])
+    assert s["tokenize_sentences"] == 2 * 302 + 2 * 21 + 11
+    assert s["tokenize_sentences_per_second"] > 0 and s["token_cache_hits"] == 0
+    assert 0.5 < s["train_real_token_share"] <= 1
+    # every dev pair is in the dev batches, the long one cut to max_len and ending in EOS
+    dev_segments = [b["src_segments"] for b in data.dev.epoch(0)]
+    assert sum(len(np.unique(row[row > 0])) for segs in dev_segments for row in segs) == 21
+    assert max(len(x) for x in data.dev.src) == 40 and data.dev.src[-1][-1] == tok.eos_id
+    assert len(data.test_text.sources) == 11 and data.test_text.sources[-1] == HUGE_EN.strip()
+
+
+def test_a_second_run_neither_retrains_nor_retokenizes(toy, monkeypatch):
+    config = toy_config(toy)
+    first = prepare(config, config.workdir)
+    cached = sorted(p.name.split(".")[0] + "." + p.name.split(".")[1]
+                    for p in (Path(config.workdir) / "tokens").glob("*.npz"))
+    assert cached == ["dev.source", "dev.target", "test.source", "train.source", "train.target"]
+
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", lambda **kw: pytest.fail("retrained"))
+    monkeypatch.setattr(Tokenizer, "encode", lambda *a, **kw: pytest.fail("tokenized again"))
+    second = prepare(config, config.workdir)
+    s = second.stats
+    assert s["token_cache_hits"] == 5 and s["tokenize_sentences"] == 0
+    assert "tokenize_sentences_per_second" not in s
+    for key in ("train_pairs", "train_pairs_dropped_length", "train_pairs_dropped_ratio",
+                "dev_pairs_truncated", "test_sources_truncated", "train_real_token_share"):
+        assert s[key] == first.stats[key]
+    for step in (0, 3, first.train.batches_in_epoch(0) + 1):
+        a, b = first.train.batch_at(step), second.train.batch_at(step)
+        for key in FIELDS:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_separate_vocabularies_with_shared_embeddings_fail_before_reading(tmp_path):
+    config = Config(workdir=str(tmp_path / "run"),
+                    data=DataConfig(train=SourceConfig(path=str(tmp_path / "missing"))),
+                    tokenizer=TokenizerConfig(joint=False))
+    with pytest.raises(ConfigError, match="model.share_embeddings=false"):
+        prepare(config, config.workdir)
+    with pytest.raises(ConfigError, match="tokenizer.character_coverage=0.5"):
+        prepare(replace(config, **{"tokenizer.joint": True,
+                                   "tokenizer.character_coverage": 0.5}), config.workdir)
+
+
+def test_separate_vocabularies_feed_a_model_with_two_embedding_tables(toy):
+    en, _ = toy["train"]
+    given = train_or_load(en, TokenizerConfig(vocab_size=40), toy["dir"] / "given")
+    config = toy_config(toy, **{"tokenizer.joint": False,
+                                "tokenizer.src_model_file": str(given.path),
+                                "model.share_embeddings": False})
+    data = prepare(config, config.workdir)
+    assert not data.tokenizer.joint
+    assert (Path(config.workdir) / "spm.es.model").is_file()
+    assert not (Path(config.workdir) / "spm.en.model").exists()  # given, not trained
+    config = fill_vocab_sizes(config, data.tokenizer)
+    assert (config.model.src_vocab_size, config.model.vocab_size) == (40, 48)
+
+    batch = data.train.batch_at(0)
+    assert batch["src"].max() < 40 and batch["tgt"].max() < 48
+    first = batch["src"][0][batch["src_segments"][0] == 1]
+    assert data.tokenizer.source.decode([first])[0] in set(en)
+
+    model = build_model(config.model, seed=0)
+    assert model.embed.embedding.shape == (40, 16)
+    assert model.target_embed.embedding.shape == (48, 16)
+    graphdef, params = nnx.split(model, nnx.Param)
+    m = eval_step(params, {k: jnp.asarray(v) for k, v in batch.items()}, graphdef=graphdef,
+                  bos_id=data.tokenizer.bos_id, label_smoothing=0.0)
+    tokens = float(m["tokens"])
+    assert tokens == float((batch["tgt_segments"] > 0).sum())
+    # an untrained model is close to uniform over the 48 target pieces
+    assert float(m["nll"]) / tokens == pytest.approx(np.log(48), rel=0.2)
+
+
+def test_vocabulary_sizes_are_filled_or_checked(toy):
+    config = toy_config(toy)
+    data = prepare(config, config.workdir)
+    assert fill_vocab_sizes(config, data.tokenizer).model.vocab_size == 48
+    assert fill_vocab_sizes(config, data.tokenizer).model.src_vocab_size == 0  # joint
+    with pytest.raises(ConfigError, match="model.vocab_size=50 but the target tokenizer has 48"):
+        fill_vocab_sizes(replace(config, **{"model.vocab_size": 50}), data.tokenizer)
+    with pytest.raises(ConfigError, match="model.src_vocab_size=30 but the vocabulary is joint"):
+        fill_vocab_sizes(replace(config, **{"model.src_vocab_size": 30}), data.tokenizer)
+    with pytest.raises(ValueError, match="model.share_embeddings=false"):
+        build_model(ModelConfig(vocab_size=48, src_vocab_size=40, d_model=16, num_heads=2), 0)
+
+
+def _shipped_subset(split: str, n: int) -> tuple[list[str], list[str]]:
+    sides = []
+    for lang in ("en", "es"):
+        with gzip.open(TATOEBA / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+            sides.append(f.read().split("\n")[:n])
+    return sides[0], sides[1]
+
+
+def test_packing_fills_over_90_percent_of_tokens_on_the_shipped_corpus(tmp_path):
+    """The shipped settings (configs/tatoeba_en_es.yaml) on the first 20,000 training pairs,
+    with the tokenizer trained on them (the full corpus is the slow test below)."""
+    config = load_config(ROOT / "configs" / "tatoeba_en_es.yaml")
+    d = config.data
+    en, es = _shipped_subset("train", 20_000)
+    tok = train_or_load(en + es, config.tokenizer, tmp_path)
+    assert tok.vocab_size == config.tokenizer.vocab_size == 8000
+    src, tgt = tok.encode(en), tok.encode(es)
+    keep = [i for i in range(len(src)) if max(len(src[i]), len(tgt[i])) <= d.max_len]
+    batches = PackedBatches([src[i] for i in keep], [tgt[i] for i in keep], max_len=d.max_len,
+                            rows=d.max_tokens // d.max_len, seed=config.train.seed,
+                            packing=d.packing)
+    shares = [real_token_share(batches.batch_at(k)) for k in range(5)]
+    assert min(shares) >= 0.9, shares
+    assert batches.real_token_share(0) >= 0.9
+
+
+@pytest.mark.slow
+def test_shipped_corpus_end_to_end_share_and_cache(tmp_path):
+    """prepare() on the whole shipped corpus with the shipped config, twice."""
+    config = load_config(ROOT / "configs" / "tatoeba_en_es.yaml", [f"workdir={tmp_path}"])
+    first = prepare(config, tmp_path)
+    s = first.stats
+    assert (s["train_pairs_read"], s["dev_pairs"], s["test_pairs"]) == (136_672, 1_416, 2_780)
+    assert s["train_pairs"] + s["train_pairs_dropped_length"] + s["train_pairs_dropped_ratio"] \
+        == s["train_pairs_read"]
+    assert s["train_pairs_dropped_length"] + s["train_pairs_dropped_ratio"] < 100
+    assert s["train_real_token_share"] >= 0.9
+    assert all(real_token_share(first.train.batch_at(k)) >= 0.9 for k in range(10))
+    assert s["tokenize_sentences"] == 2 * 136_672 + 2 * 1_416 + 2_780
+    second = prepare(config, tmp_path)
+    assert second.stats["token_cache_hits"] == 5 and second.stats["tokenize_sentences"] == 0
+    for key in FIELDS:
+        np.testing.assert_array_equal(first.train.batch_at(7)[key], second.train.batch_at(7)[key])
