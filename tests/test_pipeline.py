@@ -13,13 +13,14 @@ import pytest
 import sentencepiece as spm
 from flax import nnx
 
-from seq2seq.config import (Config, ConfigError, DataConfig, ModelConfig, SourceConfig,
-                            TokenizerConfig, load_config, replace)
+from seq2seq.config import (Config, ConfigError, DataConfig, DecodeConfig, ModelConfig,
+                            SourceConfig, TokenizerConfig, load_config, replace)
 from seq2seq.data.batching import FIELDS, PackedBatches, real_token_share
 from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.data.tokenizer import Tokenizer, train_or_load
 from seq2seq.model import build_model
 from seq2seq.training.step import eval_step
+from seq2seq.translation import Translator
 from test_tokenizer import corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,6 +163,14 @@ def test_separate_vocabularies_feed_a_model_with_two_embedding_tables(toy):
     assert tokens == float((batch["tgt_segments"] > 0).sum())
     # an untrained model is close to uniform over the 48 target pieces
     assert float(m["nll"]) / tokens == pytest.approx(np.log(48), rel=0.2)
+
+    # the pair stands in for a Tokenizer in translation: source ids in, target text out
+    translator = Translator(graphdef, params, data.tokenizer,
+                            DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=6),
+                            max_src_len=decode_source_limit(config))
+    [[hyp]] = translator.translate(["Tom sees the cat."])
+    assert len(hyp.tokens) > 0 and max(hyp.tokens) < 48
+    assert hyp.text == data.tokenizer.target.decode([hyp.tokens])[0]
 
 
 def test_vocabulary_sizes_are_filled_or_checked(toy):
