@@ -15,7 +15,7 @@ exactly the global batch.
 
 We do not use ``grain``: its packing (``FirstFitPackIterDataset``) is an iterator whose
 position must be checkpointed and restored, whereas ``batch_at(step)`` needs nothing but the
-step already in the checkpoint, and the whole of this file is smaller than that dependency.
+step already in the checkpoint and random access to any step, without a new dependency.
 """
 
 from __future__ import annotations
