@@ -419,14 +419,18 @@ def sample(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_lengt
     "graphdef", "beam_size", "max_len", "alpha", "bos_id", "eos_id", "pad_id",
     "length_penalty_kind", "min_length"))
 def beam_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwargs) -> BeamResult:
-    """``beam_search`` on a model given as (graphdef, params), compiled once per shape."""
+    """``beam_search`` on a model given as (graphdef, params); arrays as in ``beam_search``.
+
+    ``graphdef`` and the keyword options are static: one compilation per input shape and set
+    of options.
+    """
     return beam_search(nnx.merge(graphdef, params), src, src_segments, max_lengths, **kwargs)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "bos_id", "eos_id", "pad_id",
                                              "min_length"))
 def greedy_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwargs):
-    """``greedy_search`` on a model given as (graphdef, params), compiled once per shape."""
+    """``greedy_search`` on a model given as (graphdef, params); static as ``beam_search_jit``."""
     return greedy_search(nnx.merge(graphdef, params), src, src_segments, max_lengths, **kwargs)
 
 
@@ -434,5 +438,6 @@ def greedy_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwa
     "graphdef", "num_samples", "max_len", "bos_id", "eos_id", "pad_id", "temperature", "top_k",
     "top_p", "min_length", "alpha", "length_penalty_kind"))
 def sample_jit(params, src, src_segments, max_lengths, keys, *, graphdef, **kwargs) -> BeamResult:
-    """``sample`` on a model given as (graphdef, params), compiled once per shape."""
+    """``sample`` on a model given as (graphdef, params); static as ``beam_search_jit`` (the
+    keys are traced, so a new seed does not recompile)."""
     return sample(nnx.merge(graphdef, params), src, src_segments, max_lengths, keys, **kwargs)
