@@ -71,13 +71,75 @@ def _yaml(config) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False)
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {value}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+# command-line option → decode config key (None = keep the run's value)
+_DECODE_OPTIONS = {"beam": "beam_size", "alpha": "alpha", "min_length": "min_length",
+                   "max_tokens": "max_tokens", "sampling": "sampling",
+                   "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+                   "seed": "seed"}
+_SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
+
+
 def _decode_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--workdir", required=True, help="run directory written by seq2seq-train")
     parser.add_argument("--step", type=int, help="checkpoint step (default: latest)")
-    parser.add_argument("--beam", type=int, help="beam size (default: from the run's config)")
-    parser.add_argument("--alpha", type=float, help="length-penalty exponent")
-    parser.add_argument("--max-tokens", type=int, help="source tokens per decoding batch")
+    search = parser.add_argument_group("search (defaults: the run's decode config)")
+    search.add_argument("--beam", type=_positive_int, help="beam size (1 = greedy search)")
+    search.add_argument("--alpha", type=_nonnegative_float, help="length-penalty exponent")
+    search.add_argument("--min-length", type=_nonnegative_int,
+                        help="at least this many tokens before EOS")
+    search.add_argument("--max-tokens", type=_positive_int, help="source tokens per batch")
+    sampling = parser.add_argument_group("sampling (instead of beam search)")
+    sampling.add_argument("--sampling", action="store_true", default=None,
+                          help="sample; --nbest N then gives N independent samples per line")
+    sampling.add_argument("--temperature", type=_positive_float, help="default 1")
+    sampling.add_argument("--top-k", type=_nonnegative_int,
+                          help="sample among the K most probable tokens (0 = all)")
+    sampling.add_argument("--top-p", type=_probability,
+                          help="nucleus sampling: smallest set with this probability mass")
+    sampling.add_argument("--seed", type=int, help="a line's samples depend on the seed and "
+                          "its line number only")
+    long = parser.add_argument_group("long inputs")
+    long.add_argument("--max-src-tokens", type=_positive_int,
+                      help="source limit in tokens, EOS included (default: max(data.max_len, 256))")
+    long.add_argument("--on-long", choices=("truncate", "reject"), default="truncate",
+                      help="truncate a longer line (warning with its line number) or reject the "
+                      "input (default: truncate)")
     return parser
 
 
@@ -85,13 +147,31 @@ def _load(args) -> tuple:
     from seq2seq.workdir import load_trained
 
     config, tokenizer, graphdef, params = load_trained(args.workdir, args.step)
-    changes = {k: v for k, v in (("beam_size", args.beam), ("alpha", args.alpha),
-                                 ("max_tokens", args.max_tokens)) if v is not None}
+    changes = {key: getattr(args, opt) for opt, key in _DECODE_OPTIONS.items()
+               if getattr(args, opt) is not None}
     decode: DecodeConfig = replace(config.decode, **changes)
+    if not decode.sampling:
+        given = [f"--{o.replace('_', '-')}" for o in _SAMPLING_ONLY if getattr(args, o) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply with --sampling")
     return config, tokenizer, graphdef, params, decode
 
 
+def _translator(args, config, tokenizer, graphdef, params, decode):
+    from seq2seq.translation import Translator
+
+    max_src = args.max_src_tokens or max(config.data.max_len, 256)
+    return Translator(graphdef, params, tokenizer, decode, max_src_len=max_src,
+                      on_long=args.on_long)
+
+
 def _read_lines(path: str | None) -> list[str]:
+    """Lines of a UTF-8 file (or standard input for None / ``-``), without line endings.
+
+    Raises:
+      ValueError: a line is not valid UTF-8 (the message names the file, line and byte).
+      FileNotFoundError: no such file.
+    """
     if path in (None, "-"):
         data = sys.stdin.buffer.read()
         name = "<stdin>"
@@ -106,7 +186,8 @@ def _read_lines(path: str | None) -> list[str]:
         try:
             out.append(raw.decode("utf-8").removesuffix("\r"))
         except UnicodeDecodeError as e:
-            raise ValueError(f"{name}, line {i}: not valid UTF-8 ({e.reason})") from e
+            raise ValueError(f"{name}, line {i}: not valid UTF-8 ({e.reason} at byte "
+                             f"{e.start + 1})") from e
     return out
 
 
@@ -114,33 +195,34 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
     """``seq2seq-translate --workdir DIR [--input FILE] [--output FILE]``: one sentence per line."""
     parser = _decode_parser("seq2seq-translate", "Translate sentences (one per line) from a file "
                             "or standard input with a trained run; output keeps the input order.")
-    parser.add_argument("--input", help="input file (default: standard input)")
+    parser.add_argument("--input", help="input file (default or '-': standard input)")
     parser.add_argument("--output", help="output file (default: standard output)")
-    parser.add_argument("--nbest", type=int, default=1,
-                        help="print the N best hypotheses as 'index ||| text ||| logprob ||| score'")
+    parser.add_argument("--nbest", type=_positive_int, default=1,
+                        help="print the N best hypotheses (samples with --sampling) of each line "
+                        "as 'line ||| text ||| logprob ||| score', line numbers from 0")
     args = parser.parse_args(argv)
     _setup_logging()
-    from seq2seq.translation import Translator
-
     try:
         lines = _read_lines(args.input)
         config, tokenizer, graphdef, params, decode = _load(args)
-        translator = Translator(graphdef, params, tokenizer, decode,
-                                max_src_len=max(config.data.max_len, 256))
-        results = translator.translate(lines, nbest=args.nbest, progress=args.input is not None)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        translator = _translator(args, config, tokenizer, graphdef, params, decode)
+        results = translator.translate(lines, nbest=args.nbest,
+                                       progress=args.input not in (None, "-"))
+    except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    try:
-        for i, hyps in enumerate(results):
-            if args.nbest == 1:
-                out.write(hyps[0].text + "\n")
-            else:
-                for h in hyps:
-                    out.write(f"{i} ||| {h.text} ||| {h.logprob:.4f} ||| {h.score:.4f}\n")
-    finally:
-        if out is not sys.stdout:
-            out.close()
+    if args.nbest == 1:
+        text = "".join(hyps[0].text + "\n" for hyps in results)
+    else:
+        text = "".join(f"{i} ||| {h.text} ||| {h.logprob:.4f} ||| {h.score:.4f}\n"
+                       for i, hyps in enumerate(results) for h in hyps)
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as e:
+            return _fail(str(e))
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
     return 0
 
 
@@ -157,29 +239,30 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
     _setup_logging()
     from seq2seq import evaluation
     from seq2seq.data.sources import load_parallel
-    from seq2seq.translation import Translator
 
     try:
-        config, tokenizer, graphdef, params, decode = _load(args)
         if args.src:
             sources, refs = _read_lines(args.src), _read_lines(args.ref)
             if len(sources) != len(refs):
                 return _fail(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
-        else:
+        config, tokenizer, graphdef, params, decode = _load(args)
+        if not args.src:
             ds = load_parallel(config.data.test, config.data.src_lang, config.data.tgt_lang,
                                skip_empty=config.data.skip_empty, split_name="test")
             sources, refs = list(ds["source"]), list(ds["target"])
-        translator = Translator(graphdef, params, tokenizer, decode,
-                                max_src_len=max(config.data.max_len, 256))
+        translator = _translator(args, config, tokenizer, graphdef, params, decode)
         start = time.perf_counter()
         hyps = [h[0].text for h in translator.translate(sources, progress=True)]
-        seconds = time.perf_counter() - start
+        seconds = max(time.perf_counter() - start, 1e-9)
         scores = evaluation.score(hyps, refs)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        if args.output:
+            Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
-    if args.output:
-        Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     print(scores)
+    search = (f"sampling (temperature {decode.temperature}, top-k {decode.top_k}, top-p "
+              f"{decode.top_p}, seed {decode.seed})" if decode.sampling else
+              f"beam {decode.beam_size}, alpha {decode.alpha}")
     print(f"{len(hyps)} sentences in {seconds:.1f} s ({len(hyps) / seconds:.1f} sentences/s), "
-          f"beam {decode.beam_size}, alpha {decode.alpha}")
+          f"{search}")
     return 0

@@ -168,15 +168,23 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Beam search (Wu et al. 2016 length penalty ((5+|Y|)/6)^alpha).
+    """Decoding: beam search (Wu et al. 2016 length penalty ((5+|Y|)/6)^alpha), greedy or sampling.
+
+    The stopping and length rules are documented in ``seq2seq/decoding.py``.
 
     Attributes:
-      beam_size: hypotheses kept per sentence (1 = greedy).
-      alpha: length-penalty exponent.
+      beam_size: hypotheses kept per sentence (1 = greedy search).
+      alpha: length-penalty exponent (≥ 0).
       length_penalty: ``gnmt`` ((5+|Y|)/6)^α, ``plain`` |Y|^α or ``none``.
-      max_len_a / max_len_b: output length limit ``a · |source| + b`` tokens.
+      max_len_a / max_len_b: output length limit ``a · |source| + b`` tokens (EOS included).
+      min_length: at least this many tokens before EOS (0 = no minimum; the maximum wins).
       max_tokens: source-token budget per decoding batch.
       test_limit: decode only the first N test sentences at the end of training (0 = all).
+      sampling: sample instead of beam search (the n-best are independent samples).
+      temperature: sampling temperature (> 0).
+      top_k: sample among the k most probable tokens (0 = all; Fan et al. 2018).
+      top_p: nucleus sampling mass in (0, 1] (1 = all; Holtzman et al. 2020).
+      seed: sampling seed; a sentence's samples depend on it and the sentence's line number.
     """
 
     beam_size: int = 4
@@ -184,8 +192,14 @@ class DecodeConfig:
     length_penalty: str = "gnmt"
     max_len_a: float = 1.5
     max_len_b: int = 10
+    min_length: int = 0
     max_tokens: int = 8192
     test_limit: int = 0
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,47 +1,66 @@
-"""Beam search and greedy decoding with a KV cache, in one ``lax.while_loop``.
+"""Beam search, greedy search and sampling with a KV cache, each in one ``lax.while_loop``.
 
-Beams are folded into the batch dimension (``[batch·beam, ...]``); the encoder runs once per
-sentence and the cross-attention keys/values are computed once per sentence, not per beam.
+Beams (or samples) are folded into the batch dimension (``[batch·beam, ...]``); the encoder runs
+once per sentence and the cross-attention keys/values are computed once per sentence, not per
+beam.
 
-Beam search rules (documented because toolkits differ here):
+Rules shared by every search (documented because toolkits differ here):
 
-* Scores. A hypothesis Y (its tokens up to and including EOS, |Y| tokens) has
-  ``logprob = Σ log p(y_t | y_<t, x)`` and ``score = logprob / lp(|Y|)`` where ``lp`` is the
-  length penalty: ``gnmt`` ((5+|Y|)/6)^α (Wu et al. 2016, eq. 14), ``plain`` |Y|^α, or
+* Hypotheses. A hypothesis Y is its tokens up to and including EOS (|Y| counts the EOS), then
+  PAD. EOS appears exactly once, at the end; PAD and BOS are never generated.
+* Scores. ``logprob = Σ_t log p(y_t | y_<t, x)`` under the model's own distribution (before
+  any temperature or top-k/top-p filtering), and ``score = logprob / lp(|Y|)`` where ``lp`` is
+  the length penalty: ``gnmt`` ((5+|Y|)/6)^α (Wu et al. 2016, eq. 14), ``plain`` |Y|^α, or
   ``none`` (1).
+* Length limits. ``max_lengths[b]`` (a·|x|+b, set by the caller) bounds |Y|: at position
+  ``max_lengths[b] - 1`` only EOS is allowed, so every hypothesis ends by then. ``min_length``
+  forbids EOS while fewer than ``min_length`` tokens precede it (|Y| ≥ min_length + 1);
+  where the two collide the maximum wins.
+
+Beam search:
+
 * Each step takes the top 2·beam continuations of the live beams. A continuation ending in EOS
   becomes a finished hypothesis if it ranks among the top ``beam`` of those (as in fairseq), and
   the best ``beam`` finished hypotheses are kept. The top ``beam`` continuations not ending in
-  EOS stay live. PAD and BOS are never generated.
-* Length limits: ``max_lengths[b]`` (a·|x|+b, set by the caller) forces EOS at the last
-  allowed position; ``min_length`` forbids EOS before it.
+  EOS stay live.
 * Stopping: a sentence is done when no live beam can beat the worst kept finished hypothesis:
-  a live beam's log-probability can only fall, and lp is largest at the maximum length, so
-  ``live_logprob / lp(max_length)`` bounds any score it could still reach. Decoding stops when
-  every sentence is done (or at the maximum length). With α = 0 and beam 1 this is exactly
-  greedy search.
+  a live beam's log-probability can only fall, and lp (α ≥ 0) is largest at the maximum length,
+  so ``live_logprob / lp(max_length)`` bounds any score it could still reach. Decoding stops
+  when every sentence is done (or at the maximum length). This rule never changes the result,
+  it only saves steps. With α = 0 and beam 1 this is exactly greedy search.
+
+Greedy search takes the most probable allowed token at each step; ancestral sampling draws it
+from the model's distribution after temperature, top-k (Fan et al. 2018) and nucleus/top-p
+(Holtzman et al. 2020) filtering (``filter_logits``). A sentence stops at its first EOS.
+Sampling randomness comes from one key per sentence (``sentence_keys``), so a sentence's samples
+do not depend on its batch neighbours, its position in the batch or the device layout.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 NEG_INF = -1.0e9
+LENGTH_PENALTIES = ("gnmt", "plain", "none")
 
 
 class BeamResult(NamedTuple):
-    """n-best output of ``beam_search``, best first.
+    """n-best output of ``beam_search`` (and of ``sample``), best score first.
 
     Attributes:
-      tokens: int32 ``[batch, beam, max_len]``, each hypothesis ending in EOS then PAD.
-      lengths: int32 ``[batch, beam]``, tokens including EOS.
-      logprobs: float32 ``[batch, beam]``, total log-probability of each hypothesis.
-      scores: float32 ``[batch, beam]``, ``logprobs / lp(lengths)``.
+      tokens: int32 ``[batch, n, max_len]``, each hypothesis ending in EOS then PAD.
+      lengths: int32 ``[batch, n]``, tokens including EOS (|Y|).
+      logprobs: float32 ``[batch, n]``, total log-probability of each hypothesis.
+      scores: float32 ``[batch, n]``, ``logprobs / lp(lengths)``.
+
+    A slot that holds no hypothesis (possible only when fewer than ``n`` exist, e.g. with a tiny
+    vocabulary or a maximum length of 1) has length 0 and score ≤ ``NEG_INF / 2``.
     """
 
     tokens: jax.Array
@@ -51,7 +70,15 @@ class BeamResult(NamedTuple):
 
 
 def length_penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.Array:
-    """lp(|Y|): ``gnmt`` ((5+|Y|)/6)^α (Wu et al. 2016), ``plain`` |Y|^α, ``none`` 1.
+    """lp(|Y|): ``gnmt`` ((5+|Y|)/6)^α (Wu et al. 2016, eq. 14), ``plain`` |Y|^α, ``none`` 1.
+
+    Args:
+      length: int or float, any shape: hypothesis lengths |Y| (EOS included).
+      alpha: exponent α.
+      kind: ``gnmt``, ``plain`` or ``none``.
+
+    Returns:
+      float32, the shape of ``length``.
 
     Raises:
       ValueError: unknown ``kind``.
@@ -66,8 +93,103 @@ def length_penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.A
     raise ValueError(f"unknown length penalty {kind!r}; choose gnmt, plain or none")
 
 
+def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """Validate sampling options.
+
+    Raises:
+      ValueError: ``temperature`` ≤ 0, ``top_k`` < 0 or ``top_p`` outside (0, 1].
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be ≥ 0 (0 = off), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
+
+
+def _check_search(max_len: int, min_length: int, alpha: float, kind: str) -> None:
+    if max_len < 1:
+        raise ValueError(f"max_len must be ≥ 1, got {max_len}")
+    if min_length < 0:
+        raise ValueError(f"min_length must be ≥ 0, got {min_length}")
+    if alpha < 0:
+        # the stopping bound assumes lp grows with length
+        raise ValueError(f"alpha must be ≥ 0, got {alpha}")
+    if kind not in LENGTH_PENALTIES:
+        raise ValueError(f"unknown length penalty {kind!r}; choose gnmt, plain or none")
+
+
+def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0) -> jax.Array:
+    """The sampling distribution: temperature, then top-k, then top-p (nucleus) filtering.
+
+    Temperature divides the logits (Ackley et al. 1985). Top-k keeps the ``top_k`` most probable
+    tokens (Fan et al. 2018). Top-p keeps the smallest set of most probable tokens whose
+    probability, renormalised after top-k, sums to at least ``top_p`` (Holtzman et al. 2020,
+    eq. 2): a token is kept when the probability of the strictly more probable tokens is
+    < ``top_p``, so the most probable token is always kept. Tokens tied with the last kept one
+    are kept too.
+
+    Args:
+      logits: float ``[..., vocab]``; tokens already excluded carry a value ≤ ``NEG_INF / 2``
+        (they stay excluded whatever the temperature).
+      temperature: > 0; 1 leaves the distribution as it is.
+      top_k: tokens kept, 0 = all (static).
+      top_p: probability mass kept, in (0, 1]; 1 = all (static).
+
+    Returns:
+      float32 ``[..., vocab]``: ``logits / temperature`` on kept tokens, ``NEG_INF`` elsewhere;
+      ``jax.random.categorical`` of it samples the filtered distribution.
+
+    Raises:
+      ValueError: an option is out of range (``check_sampling``).
+    """
+    check_sampling(temperature, top_k, top_p)
+    logits = jnp.asarray(logits, jnp.float32)
+    x = jnp.where(logits <= NEG_INF / 2, NEG_INF, logits / temperature)
+    if 0 < top_k < x.shape[-1]:
+        kth = jax.lax.top_k(x, top_k)[0][..., -1:]
+        x = jnp.where(x >= kth, x, NEG_INF)
+    if top_p < 1.0:
+        probs = jax.nn.softmax(x, axis=-1)
+        desc = -jnp.sort(-probs, axis=-1)
+        before = jnp.cumsum(desc, axis=-1) - desc  # mass of the strictly more probable tokens
+        smallest_kept = jnp.min(jnp.where(before < top_p, desc, jnp.inf), axis=-1, keepdims=True)
+        x = jnp.where(probs >= smallest_kept, x, NEG_INF)
+    return x
+
+
+def sentence_keys(seed: int, ids: Sequence[int] | np.ndarray) -> jax.Array:
+    """One PRNG key per sentence: ``fold_in(PRNGKey(seed), id)``.
+
+    Args:
+      seed: the run's sampling seed.
+      ids: int ``[batch]`` sentence identifiers (e.g. input line numbers).
+
+    Returns:
+      uint32 ``[batch, 2]`` raw keys for ``sample``.
+    """
+    base = jax.random.PRNGKey(seed)
+    return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(ids, jnp.uint32))
+
+
 def _positions(segments: jax.Array) -> jax.Array:
     return jnp.where(segments > 0, jnp.arange(segments.shape[1])[None, :], 0).astype(jnp.int32)
+
+
+def _banned(vocab: int, i: jax.Array, max_lengths: jax.Array, min_length: int, *, bos_id: int,
+            eos_id: int, pad_id: int) -> jax.Array:
+    """bool ``[batch, vocab]``: tokens not allowed at position ``i`` (0-based) of each row.
+
+    Only EOS is allowed at the last position a row's ``max_lengths`` permits; EOS is forbidden
+    while fewer than ``min_length`` tokens precede it (the maximum wins); PAD/BOS never.
+    """
+    token = jnp.arange(vocab)
+    is_eos = token == eos_id
+    last = (i + 1 >= max_lengths)[:, None]
+    return (((token == pad_id) | (token == bos_id))[None, :]
+            | (last & ~is_eos[None, :])
+            | (~last & (i < min_length) & is_eos[None, :]))
 
 
 def _gather_beams(x: jax.Array, beam_index: jax.Array) -> jax.Array:
@@ -96,21 +218,29 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
       model: a ``Transformer`` (``encode``, ``init_cache``, ``decode_step``).
       src: int32 ``[batch, src_len]`` source ids (ending in EOS, padded with PAD).
       src_segments: int32 ``[batch, src_len]``, 1 for real tokens, 0 for padding.
-      max_lengths: int32 ``[batch]`` output length limit per sentence (≤ max_len).
-      beam_size: beams per sentence.
+      max_lengths: int32 ``[batch]`` limit on |Y| (EOS included) per sentence; clipped to
+        ``[1, max_len]``.
+      beam_size: beams per sentence (static).
       max_len: static number of decoding positions.
-      alpha: length-penalty exponent.
+      alpha: length-penalty exponent α ≥ 0.
       bos_id / eos_id / pad_id: special ids from the tokenizer.
       length_penalty_kind: ``gnmt``, ``plain`` or ``none``.
-      min_length: EOS is forbidden before this many tokens.
+      min_length: EOS is forbidden while fewer than this many tokens precede it.
 
     Returns:
       ``BeamResult`` with the ``beam_size`` best finished hypotheses per sentence.
+
+    Raises:
+      ValueError: ``beam_size`` or ``max_len`` < 1, ``min_length`` or ``alpha`` < 0, unknown
+        ``length_penalty_kind``.
     """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be ≥ 1, got {beam_size}")
+    _check_search(max_len, min_length, alpha, length_penalty_kind)
     batch, k = src.shape[0], beam_size
     encoded = model.encode(src, src_segments, _positions(src_segments))
     cache = model.init_cache(encoded, src_segments, k, max_len)
-    max_lengths = jnp.minimum(max_lengths, max_len).astype(jnp.int32)
+    max_lengths = jnp.clip(max_lengths, 1, max_len).astype(jnp.int32)
     lp_max = length_penalty(max_lengths, alpha, length_penalty_kind)
 
     init = dict(
@@ -138,12 +268,9 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
         logits, cache = model.decode_step(s["last"].reshape(-1), i, s["cache"], k)
         logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(batch, k, -1)
         vocab = logp.shape[-1]
-        token = jnp.arange(vocab)
-        is_eos = token == eos_id
-        banned = (token == pad_id) | (token == bos_id)
-        banned = banned | ((i + 1 >= max_lengths)[:, None, None] & ~is_eos)
-        banned = banned | ((i + 1 < min_length) & is_eos)
-        logp = jnp.where(banned, NEG_INF, logp)
+        banned = _banned(vocab, i, max_lengths, min_length, bos_id=bos_id, eos_id=eos_id,
+                         pad_id=pad_id)
+        logp = jnp.where(banned[:, None, :], NEG_INF, logp)
         cand = (s["alive_logp"][:, :, None] + logp).reshape(batch, k * vocab)
         top_logp, top_idx = jax.lax.top_k(cand, 2 * k)
         src_beam, tok = top_idx // vocab, (top_idx % vocab).astype(jnp.int32)
@@ -161,7 +288,7 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
         cat = lambda a, b: _gather_beams(jnp.concatenate([a, b], axis=1), pick)
         fin_seq = cat(s["fin_seq"], seqs)
         fin_logp = cat(s["fin_logp"], jnp.where(ends, top_logp, NEG_INF))
-        fin_len = cat(s["fin_len"], jnp.full((batch, 2 * k), i + 1, jnp.int32))
+        fin_len = cat(s["fin_len"], jnp.where(ends, i + 1, 0).astype(jnp.int32))
 
         # live: the best k continuations that do not end in EOS
         alive_cand = jnp.where(tok == eos_id, NEG_INF, top_logp)
@@ -176,57 +303,141 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
                       scores=s["fin_score"])
 
 
-def greedy_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array,
-                  max_lengths: jax.Array, *, max_len: int, bos_id: int, eos_id: int,
-                  pad_id: int) -> tuple[jax.Array, jax.Array]:
-    """Greedy decoding: the most probable token at each step until EOS or the length limit.
+def _ancestral(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_lengths: jax.Array,
+               choose: Callable[[jax.Array, jax.Array], jax.Array], *, num: int, max_len: int,
+               bos_id: int, eos_id: int, pad_id: int, min_length: int):
+    """Left-to-right decoding of ``num`` hypotheses per sentence, one token per step.
 
-    Args: as ``beam_search``.
+    ``choose(logits, i)`` maps float32 ``[batch·num, vocab]`` logits (banned tokens at
+    ``NEG_INF``) at position ``i`` to int32 ``[batch·num]`` tokens. A row stops at its first EOS.
 
     Returns:
-      tokens int32 ``[batch, max_len]`` (ending in EOS, then PAD) and their total float32
-      log-probabilities ``[batch]``.
+      tokens int32 ``[batch, num, max_len]`` (EOS then PAD), lengths int32 ``[batch, num]``
+      (EOS included) and float32 log-probabilities ``[batch, num]``.
     """
-    batch = src.shape[0]
+    _check_search(max_len, min_length, 0.0, "none")
+    batch, rows = src.shape[0], src.shape[0] * num
     encoded = model.encode(src, src_segments, _positions(src_segments))
-    cache = model.init_cache(encoded, src_segments, 1, max_len)
-    max_lengths = jnp.minimum(max_lengths, max_len).astype(jnp.int32)
-    init = dict(i=jnp.zeros((), jnp.int32), last=jnp.full((batch,), bos_id, jnp.int32),
-                seq=jnp.full((batch, max_len), pad_id, jnp.int32),
-                logp=jnp.zeros((batch,), jnp.float32), finished=jnp.zeros((batch,), bool),
-                cache=cache)
+    cache = model.init_cache(encoded, src_segments, num, max_len)
+    row_max = jnp.repeat(jnp.clip(max_lengths, 1, max_len).astype(jnp.int32), num)
+    init = dict(i=jnp.zeros((), jnp.int32), last=jnp.full((rows,), bos_id, jnp.int32),
+                seq=jnp.full((rows, max_len), pad_id, jnp.int32),
+                logp=jnp.zeros((rows,), jnp.float32), length=jnp.zeros((rows,), jnp.int32),
+                finished=jnp.zeros((rows,), bool), cache=cache)
 
     def cond(s):
         return (s["i"] < max_len) & ~jnp.all(s["finished"])
 
     def body(s):
         i = s["i"]
-        logits, cache = model.decode_step(s["last"], i, s["cache"], 1)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-        token = jnp.arange(logp.shape[-1])
-        banned = (token == pad_id) | (token == bos_id)
-        banned = banned | ((i + 1 >= max_lengths)[:, None] & (token != eos_id))
-        logp = jnp.where(banned, NEG_INF, logp)
-        tok = jnp.argmax(logp, axis=-1).astype(jnp.int32)
-        step_logp = jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+        logits, cache = model.decode_step(s["last"], i, s["cache"], num)
+        logits = logits.astype(jnp.float32)
+        banned = _banned(logits.shape[-1], i, row_max, min_length, bos_id=bos_id, eos_id=eos_id,
+                         pad_id=pad_id)
+        tok = choose(jnp.where(banned, NEG_INF, logits), i).astype(jnp.int32)
+        step_logp = jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None], axis=-1)[:, 0]
         live = ~s["finished"]
         seq = jnp.where((jnp.arange(max_len) == i) & live[:, None], tok[:, None], s["seq"])
         return dict(i=i + 1, last=tok, seq=seq, logp=s["logp"] + jnp.where(live, step_logp, 0.0),
+                    length=jnp.where(live, i + 1, s["length"]),
                     finished=s["finished"] | (tok == eos_id), cache=cache)
 
     s = jax.lax.while_loop(cond, body, init)
-    return s["seq"], s["logp"]
+    return (s["seq"].reshape(batch, num, max_len), s["length"].reshape(batch, num),
+            s["logp"].reshape(batch, num))
+
+
+def greedy_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array,
+                  max_lengths: jax.Array, *, max_len: int, bos_id: int, eos_id: int,
+                  pad_id: int, min_length: int = 0) -> tuple[jax.Array, jax.Array]:
+    """Greedy decoding: the most probable allowed token at each step until EOS.
+
+    Args: as ``beam_search``.
+
+    Returns:
+      tokens int32 ``[batch, max_len]`` (ending in EOS, then PAD) and their total float32
+      log-probabilities ``[batch]``.
+
+    Raises:
+      ValueError: ``max_len`` < 1 or ``min_length`` < 0.
+    """
+    tokens, _, logp = _ancestral(
+        model, src, src_segments, max_lengths, lambda x, i: jnp.argmax(x, axis=-1), num=1,
+        max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, min_length=min_length)
+    return tokens[:, 0], logp[:, 0]
+
+
+def sample(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_lengths: jax.Array,
+           keys: jax.Array, *, num_samples: int, max_len: int, bos_id: int, eos_id: int,
+           pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           min_length: int = 0, alpha: float = 0.0, length_penalty_kind: str = "gnmt"
+           ) -> BeamResult:
+    """Ancestral sampling with temperature, top-k and top-p (Holtzman et al. 2020, §3.1).
+
+    At each step the token is drawn from ``filter_logits`` of the model's logits after the
+    length rules (module docstring) have removed the banned tokens. Sample ``j`` of sentence
+    ``b`` uses ``split(keys[b], num_samples)[j]`` folded with the position, so it depends only
+    on its own key, source and the model (not on the batch or device layout). ``top_k=1`` (or a
+    tiny ``top_p``) is greedy search.
+
+    Args:
+      model, src, src_segments, max_lengths, max_len, bos_id, eos_id, pad_id, min_length:
+        as ``beam_search``.
+      keys: uint32 ``[batch, 2]`` one PRNG key per sentence (``sentence_keys``).
+      num_samples: independent samples per sentence (static).
+      temperature, top_k, top_p: as ``filter_logits`` (static).
+      alpha, length_penalty_kind: only to compute ``scores`` (and the order of the samples).
+
+    Returns:
+      ``BeamResult`` ``[batch, num_samples, ...]``, samples sorted by score, best first;
+      ``logprobs`` are under the model's unfiltered distribution.
+
+    Raises:
+      ValueError: ``num_samples`` < 1, or an option out of range.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be ≥ 1, got {num_samples}")
+    check_sampling(temperature, top_k, top_p)
+    _check_search(max_len, min_length, alpha, length_penalty_kind)
+    sample_keys = jax.vmap(lambda key: jax.random.split(key, num_samples))(keys).reshape(-1, 2)
+
+    def choose(logits, i):
+        step_keys = jax.vmap(jax.random.fold_in, (0, None))(sample_keys, i)
+        filtered = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+        return jax.vmap(jax.random.categorical)(step_keys, filtered)
+
+    tokens, lengths, logp = _ancestral(
+        model, src, src_segments, max_lengths, choose, num=num_samples, max_len=max_len,
+        bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, min_length=min_length)
+    scores = logp / length_penalty(lengths, alpha, length_penalty_kind)
+    order = jnp.argsort(-scores, axis=1, stable=True)
+    return BeamResult(tokens=_gather_beams(tokens, order), lengths=_gather_beams(lengths, order),
+                      logprobs=_gather_beams(logp, order), scores=_gather_beams(scores, order))
 
 
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "beam_size", "max_len", "alpha", "bos_id", "eos_id", "pad_id",
     "length_penalty_kind", "min_length"))
 def beam_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwargs) -> BeamResult:
-    """``beam_search`` on a model given as (graphdef, params), compiled once per shape."""
+    """``beam_search`` on a model given as (graphdef, params); arrays as in ``beam_search``.
+
+    ``graphdef`` and the keyword options are static: one compilation per input shape and set
+    of options.
+    """
     return beam_search(nnx.merge(graphdef, params), src, src_segments, max_lengths, **kwargs)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "bos_id", "eos_id", "pad_id"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "bos_id", "eos_id", "pad_id",
+                                             "min_length"))
 def greedy_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwargs):
-    """``greedy_search`` on a model given as (graphdef, params), compiled once per shape."""
+    """``greedy_search`` on a model given as (graphdef, params); static as ``beam_search_jit``."""
     return greedy_search(nnx.merge(graphdef, params), src, src_segments, max_lengths, **kwargs)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "graphdef", "num_samples", "max_len", "bos_id", "eos_id", "pad_id", "temperature", "top_k",
+    "top_p", "min_length", "alpha", "length_penalty_kind"))
+def sample_jit(params, src, src_segments, max_lengths, keys, *, graphdef, **kwargs) -> BeamResult:
+    """``sample`` on a model given as (graphdef, params); static as ``beam_search_jit`` (the
+    keys are traced, so a new seed does not recompile)."""
+    return sample(nnx.merge(graphdef, params), src, src_segments, max_lengths, keys, **kwargs)

@@ -1,4 +1,16 @@
-"""Translate many sentences: tokenize, batch by token budget in length buckets, decode, restore order."""
+"""Translate many sentences: tokenize, batch by token budget in length buckets, decode, restore order.
+
+Lines are tokenized, sorted by length and cut into batches of at most ``max_tokens`` source
+tokens whose width is one of a few ``BUCKETS`` (and whose row count is a power of two or the
+full budget), so that few shapes are compiled; results come back in input order. An empty (or
+all-whitespace) line gives one empty hypothesis without decoding. Sources longer than
+``max_src_len`` tokens are truncated with a warning naming the line, or rejected.
+
+Decoding is beam search, greedy search (beam 1) or sampling (``seq2seq/decoding.py`` has the
+rules). Sampling is seeded per line (``sentence_keys(seed, line_index)``), so a line's samples do
+not depend on the batching or on the other lines. With a ``jax.sharding.Mesh`` that has a
+``data`` axis, each batch is split over that axis and the parameters are replicated.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +18,32 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import jax.numpy as jnp
+import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
 from seq2seq.config import DecodeConfig
 from seq2seq.data.tokenizer import Tokenizer
-from seq2seq.decoding import beam_search_jit
+from seq2seq.decoding import (LENGTH_PENALTIES, beam_search_jit, check_sampling,
+                              greedy_search_jit, length_penalty, sample_jit, sentence_keys)
 
 log = logging.getLogger(__name__)
 
 BUCKETS = (16, 32, 64, 128, 256, 512)
+ON_LONG = ("truncate", "reject")
 
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """One translation: detokenized ``text``, its ``tokens`` (ids without EOS),
-    total ``logprob`` and length-penalised ``score``."""
+    """One translation.
+
+    Attributes:
+      text: detokenized output.
+      tokens: output ids without EOS.
+      logprob: total log-probability under the model (EOS included).
+      score: ``logprob / lp(|Y|)`` with the configured length penalty.
+    """
 
     text: str
     tokens: tuple[int, ...]
@@ -38,76 +59,169 @@ def bucket_length(n: int, max_len: int) -> int:
     return max_len
 
 
+def check_decode_config(config: DecodeConfig) -> None:
+    """Validate decoding options before any work is done.
+
+    Raises:
+      ValueError: a value is out of range; the message names the ``decode.*`` key.
+    """
+    problems = []
+    if config.beam_size < 1:
+        problems.append(f"decode.beam_size must be ≥ 1, got {config.beam_size}")
+    if config.alpha < 0:
+        problems.append(f"decode.alpha must be ≥ 0, got {config.alpha}")
+    if config.length_penalty not in LENGTH_PENALTIES:
+        problems.append(f"decode.length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, "
+                        f"got {config.length_penalty!r}")
+    if config.max_len_a < 0 or config.max_len_b < 1:
+        problems.append(f"decode.max_len_a must be ≥ 0 and decode.max_len_b ≥ 1, got "
+                        f"{config.max_len_a} and {config.max_len_b}")
+    if config.min_length < 0:
+        problems.append(f"decode.min_length must be ≥ 0, got {config.min_length}")
+    if config.max_tokens < 1:
+        problems.append(f"decode.max_tokens must be ≥ 1, got {config.max_tokens}")
+    try:
+        check_sampling(config.temperature, config.top_k, config.top_p)
+    except ValueError as e:
+        problems.append(f"decode.{e}")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 class Translator:
-    """Beam-search translation of raw sentences with a trained model.
+    """Translation of raw sentences with a trained model.
 
     Args:
       graphdef, params: the model split by ``nnx.split(model, nnx.Param)``.
       tokenizer: the run's SentencePiece tokenizer (gives PAD/BOS/EOS ids).
-      config: decoding options (beam size, α, length limits, token budget).
-      max_src_len: longer sources are truncated (with a warning naming the line).
+      config: decoding options (search, α, length limits, sampling, token budget).
+      max_src_len: source limit in tokens, EOS included (≥ 2).
+      on_long: a longer source is ``truncate``-d to its first ``max_src_len - 1`` tokens plus
+        EOS (with a warning naming the line) or makes ``translate`` ``reject`` the input.
+      mesh: optional ``jax.sharding.Mesh`` with a ``data`` axis: batch rows are split over it
+        (row counts rounded up to a multiple of its size) and the parameters replicated.
+
+    Raises:
+      ValueError: invalid ``config`` (``check_decode_config``), ``max_src_len`` < 2, unknown
+        ``on_long``, or a mesh without a ``data`` axis.
     """
 
     def __init__(self, graphdef: Any, params: Any, tokenizer: Tokenizer, config: DecodeConfig,
-                 max_src_len: int = 256):
-        self.graphdef, self.params = graphdef, params
-        self.tokenizer, self.config, self.max_src_len = tokenizer, config, max_src_len
+                 max_src_len: int = 256, *, on_long: str = "truncate", mesh: Mesh | None = None):
+        check_decode_config(config)
+        if max_src_len < 2:
+            raise ValueError(f"max_src_len must be ≥ 2 (a token and EOS), got {max_src_len}")
+        if on_long not in ON_LONG:
+            raise ValueError(f"on_long must be one of {', '.join(ON_LONG)}, got {on_long!r}")
+        if mesh is not None and "data" not in mesh.axis_names:
+            raise ValueError(f"the mesh needs a 'data' axis, it has {mesh.axis_names}")
+        self.graphdef, self.tokenizer, self.config = graphdef, tokenizer, config
+        self.max_src_len, self.on_long, self.mesh = max_src_len, on_long, mesh
+        self.params = params if mesh is None else jax.device_put(params, NamedSharding(mesh, P()))
 
     def translate(self, lines: Sequence[str], *, nbest: int = 1, progress: bool = False) -> list[
             list[Hypothesis]]:
-        """Translate ``lines`` (one sentence each); returns ``nbest`` hypotheses per line, in order.
+        """Translate ``lines`` (one sentence each), returning results in input order.
 
-        An empty (or all-whitespace) line gives one empty hypothesis without decoding.
+        Args:
+          lines: source sentences.
+          nbest: hypotheses per line, best first: ≤ beam size for beam search; the number of
+            independent samples when sampling.
+          progress: show a progress bar (stderr).
+
+        Returns:
+          One list per line with up to ``nbest`` hypotheses (fewer only if fewer exist, e.g.
+          with a maximum output length of 1); an empty or all-whitespace line gives exactly one
+          empty hypothesis with logprob and score 0.
 
         Raises:
-          ValueError: ``nbest`` exceeds the beam size.
+          ValueError: ``nbest`` out of range, or ``on_long="reject"`` and a line has more than
+            ``max_src_len`` tokens (the message names the lines).
         """
-        cfg = self.config
-        if not 1 <= nbest <= cfg.beam_size:
+        cfg, tok = self.config, self.tokenizer
+        limit = cfg.beam_size if not cfg.sampling else None
+        if nbest < 1 or (limit is not None and nbest > limit):
             raise ValueError(f"nbest={nbest} must be between 1 and the beam size {cfg.beam_size}")
-        ids = self.tokenizer.encode(list(lines))
+        ids = tok.encode(list(lines))
         results: list[list[Hypothesis]] = [[Hypothesis("", (), 0.0, 0.0)] for _ in lines]
-        todo = []
+        todo, too_long = [], []
         for i, (line, x) in enumerate(zip(lines, ids)):
             if not line.strip():
                 continue
             if len(x) > self.max_src_len:
-                log.warning("line %d: %d tokens, truncated to %d", i + 1, len(x), self.max_src_len)
-                x = np.concatenate([x[: self.max_src_len - 1], [self.tokenizer.eos_id]])
+                too_long.append((i, len(x)))
+                if self.on_long == "truncate":
+                    log.warning("line %d: %d tokens, truncated to %d", i + 1, len(x),
+                                self.max_src_len)
+                    x = np.concatenate([x[: self.max_src_len - 1], [tok.eos_id]]).astype(np.int32)
             todo.append((len(x), i, x))
-        todo.sort()
+        if too_long and self.on_long == "reject":
+            named = ", ".join(f"line {i + 1} ({n} tokens)" for i, n in too_long[:10])
+            more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
+            raise ValueError(f"{len(too_long)} line(s) longer than the limit of "
+                             f"{self.max_src_len} tokens: {named}{more}")
+        todo.sort(key=lambda t: (t[0], t[1]))
+        shards = 1 if self.mesh is None else self.mesh.shape["data"]
         bar = tqdm(total=len(todo), desc="translate", unit="sent", disable=not progress)
         start = 0
         while start < len(todo):
             width = bucket_length(todo[start][0], self.max_src_len)
-            rows = max(1, cfg.max_tokens // width)
-            chunk = [t for t in todo[start:start + rows] if t[0] <= width]
+            budget = max(1, cfg.max_tokens // width)
+            chunk = [t for t in todo[start:start + budget] if t[0] <= width]
             start += len(chunk)
+            # the full budget, or the next power of two for a smaller (last) chunk
+            rows = min(budget, 1 << (len(chunk) - 1).bit_length())
+            rows = -(-rows // shards) * shards
             self._decode_chunk(chunk, width, rows, nbest, results)
             bar.update(len(chunk))
         bar.close()
         return results
 
+    def _put(self, x: np.ndarray) -> jax.Array:
+        if self.mesh is None:
+            return jax.device_put(x)
+        return jax.device_put(x, NamedSharding(self.mesh, P("data")))
+
     def _decode_chunk(self, chunk, width, rows, nbest, results):
         cfg, tok = self.config, self.tokenizer
         src = np.full((rows, width), tok.pad_id, np.int32)
         lengths = np.zeros((rows,), np.int32)
-        for r, (n, _, x) in enumerate(chunk):
+        line_ids = np.zeros((rows,), np.int64)
+        for r, (n, i, x) in enumerate(chunk):
             src[r, :n] = x
             lengths[r] = n
+            line_ids[r] = i
         max_len = int(cfg.max_len_a * width + cfg.max_len_b)
         max_lengths = np.minimum(np.ceil(cfg.max_len_a * lengths + cfg.max_len_b), max_len)
-        out = beam_search_jit(
-            self.params, jnp.asarray(src), jnp.asarray((src != tok.pad_id).astype(np.int32)),
-            jnp.asarray(max_lengths.astype(np.int32)), graphdef=self.graphdef,
-            beam_size=cfg.beam_size, max_len=max_len, alpha=cfg.alpha, bos_id=tok.bos_id,
-            eos_id=tok.eos_id, pad_id=tok.pad_id, length_penalty_kind=cfg.length_penalty)
-        tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
-        logprobs, scores = np.asarray(out.logprobs), np.asarray(out.scores)
+        args = [self._put(src), self._put((src != tok.pad_id).astype(np.int32)),
+                self._put(max_lengths.astype(np.int32))]
+        common = dict(graphdef=self.graphdef, max_len=max_len, bos_id=tok.bos_id,
+                      eos_id=tok.eos_id, pad_id=tok.pad_id, min_length=cfg.min_length)
+        scoring = dict(alpha=cfg.alpha, length_penalty_kind=cfg.length_penalty)
+        if cfg.sampling:
+            keys = self._put(np.asarray(sentence_keys(cfg.seed, line_ids)))
+            out = sample_jit(self.params, *args, keys, num_samples=nbest,
+                             temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                             **common, **scoring)
+            tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
+            logprobs, scores = np.asarray(out.logprobs), np.asarray(out.scores)
+        elif cfg.beam_size == 1:
+            out_tokens, out_logp = greedy_search_jit(self.params, *args, **common)
+            tokens = np.asarray(out_tokens)[:, None]
+            lens = (tokens != tok.pad_id).sum(-1)
+            logprobs = np.asarray(out_logp)[:, None]
+            scores = logprobs / np.asarray(length_penalty(lens, cfg.alpha, cfg.length_penalty))
+        else:
+            out = beam_search_jit(self.params, *args, beam_size=cfg.beam_size, **common,
+                                  **scoring)
+            tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
+            logprobs, scores = np.asarray(out.logprobs), np.asarray(out.scores)
         for r, (_, i, _) in enumerate(chunk):
             hyps = []
-            for j in range(nbest):
-                body = tuple(int(t) for t in tokens[r, j, : max(lens[r, j] - 1, 0)])
+            for j in range(min(nbest, tokens.shape[1])):
+                if lens[r, j] < 1:  # an empty n-best slot (fewer hypotheses than nbest exist)
+                    continue
+                body = tuple(int(t) for t in tokens[r, j, : lens[r, j] - 1])
                 hyps.append(Hypothesis(tok.decode([body])[0], body, float(logprobs[r, j]),
                                        float(scores[r, j])))
             results[i] = hyps

@@ -1,0 +1,368 @@
+"""Translator (batching, order, long and empty lines, sampling, devices) and the translate and
+evaluate commands, on a tiny random model with a real SentencePiece tokenizer."""
+
+import gzip
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sacrebleu
+from flax import nnx
+
+from seq2seq import cli
+from seq2seq import translation as translation_module
+from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig
+from seq2seq.data.tokenizer import Tokenizer, train_or_load
+from seq2seq.decoding import length_penalty
+from seq2seq.model import build_model
+from seq2seq.translation import Hypothesis, Translator, check_decode_config
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "tatoeba-en-es"
+# 4 lines in bucket 16 and 2 in bucket 32 (batches of 4 and 2 rows), 2 empty ones; most tests
+# decode these so that the compiled searches are shared
+LINES = [
+    "I can't eat chicken.",  # 18 tokens
+    "",
+    "Tom is here.",  # 6 tokens
+    "Where did you put the keys?",  # 20 tokens
+    "   ",
+    "Yes.",  # 5 tokens
+    "Tom is here.",  # a duplicate
+    "Él no está aquí.",  # 8 tokens
+]
+LONG = ["Tom is here.", "I can't eat chicken.", "Yes.", "Él no está aquí."]
+# short outputs (a·|x| + b with a = 0.5) keep the decodes cheap
+DECODE = DecodeConfig(beam_size=3, alpha=0.6, max_len_a=0.5, max_len_b=4, max_tokens=4096)
+SAMPLING = replace(DECODE, sampling=True, temperature=1.0, top_k=20, seed=1)
+
+
+def tiny_parts(tokenizer_path, eos_bias=0.0):
+    """(tokenizer, graphdef, params) of a random 1-layer model; also used by the 8-device run."""
+    tokenizer = Tokenizer(tokenizer_path)
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, num_heads=2,
+                      num_encoder_layers=1, num_decoder_layers=1, d_ff=32, dropout_rate=0.0)
+    model = build_model(cfg, seed=0)
+    if eos_bias:
+        # logits = norm(x) · Eᵀ: this norm bias adds eos_bias to the EOS logit
+        e = model.embed.embedding[tokenizer.eos_id]
+        model.decoder_norm.bias[...] = model.decoder_norm.bias[...] + eos_bias * e / (e @ e)
+    graphdef, params = nnx.split(model, nnx.Param)
+    return tokenizer, graphdef, params
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(tmp_path_factory):
+    texts = []
+    for lang in ("en", "es"):
+        with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            texts += f.read().split("\n")[:400]
+    workdir = tmp_path_factory.mktemp("spm")
+    train_or_load(texts, TokenizerConfig(vocab_size=200), workdir)
+    return str(workdir / "spm.model")
+
+
+@pytest.fixture(scope="module")
+def parts(tokenizer_path):
+    return tiny_parts(tokenizer_path)
+
+
+def translator(parts, config=DECODE, **kwargs):
+    tokenizer, graphdef, params = parts
+    return Translator(graphdef, params, tokenizer, config, **kwargs)
+
+
+def as_tuples(results):
+    return [[(h.text, tuple(h.tokens), h.logprob, h.score) for h in hyps] for hyps in results]
+
+
+def assert_same(a, b):
+    """Same texts and tokens; log-probabilities and scores equal up to float32 noise (a batch's
+    shape can change the order of additions)."""
+    a, b = as_tuples(a), as_tuples(b)
+    assert [[h[:2] for h in hyps] for hyps in a] == [[h[:2] for h in hyps] for hyps in b]
+    np.testing.assert_allclose([h[2:] for hyps in a for h in hyps],
+                               [h[2:] for hyps in b for h in hyps], rtol=1e-5, atol=1e-4)
+
+
+# -- Translator ----------------------------------------------------------------------------------
+
+def test_batching_and_order_do_not_change_translations(parts):
+    tokenizer = parts[0]
+    widths = {len(x) for x in tokenizer.encode([line for line in LINES if line.strip()])}
+    assert min(widths) <= 16 < max(widths) <= 32  # two buckets
+    one_per_batch = translator(parts, replace(DECODE, max_tokens=16)).translate(LINES, nbest=3)
+    batched = translator(parts).translate(LINES, nbest=3)
+    assert_same(one_per_batch, batched)
+    for i, line in enumerate(LINES):  # the input order is restored
+        if line.strip():
+            assert_same(translator(parts).translate([line], nbest=3), [batched[i]])
+    assert_same([batched[2]], [batched[6]])  # duplicates translate alike
+    for line, hyps in zip(LINES, batched):
+        if not line.strip():
+            continue
+        assert len(hyps) == 3
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        for h in hyps:
+            assert h.text == tokenizer.decode([h.tokens])[0]
+            assert tokenizer.eos_id not in h.tokens and tokenizer.pad_id not in h.tokens
+            n = len(tokenizer.encode([line])[0])
+            assert len(h.tokens) + 1 <= np.ceil(DECODE.max_len_a * n + DECODE.max_len_b)
+            np.testing.assert_allclose(h.score, h.logprob / float(length_penalty(
+                len(h.tokens) + 1, DECODE.alpha)), rtol=1e-5)
+
+
+def test_empty_lines_give_empty_output_without_decoding(parts, monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("nothing should be decoded")
+
+    monkeypatch.setattr(translation_module, "beam_search_jit", fail)
+    empty = Hypothesis("", (), 0.0, 0.0)
+    assert translator(parts).translate(["", "  ", "\t"], nbest=2) == [[empty]] * 3
+    assert translator(parts).translate([]) == []
+
+
+def test_long_lines_are_truncated_with_a_warning_or_rejected(parts, caplog):
+    with caplog.at_level(logging.WARNING, logger="seq2seq.translation"):
+        out = translator(parts, max_src_len=16).translate(LONG)
+    assert "line 2: 18 tokens, truncated to 16" in caplog.text
+    assert caplog.text.count("truncated") == 1
+    assert all(len(hyps) == 1 for hyps in out)
+    full = translator(parts).translate(LONG)
+    assert_same([out[0], out[2], out[3]], [full[0], full[2], full[3]])
+    with pytest.raises(ValueError, match=r"1 line\(s\) longer than the limit of 16 tokens: "
+                                         r"line 2 \(18 tokens\)"):
+        translator(parts, max_src_len=16, on_long="reject").translate(LONG)
+
+
+def test_greedy_and_min_length(tokenizer_path, parts):
+    greedy = translator(parts, replace(DECODE, beam_size=1, alpha=0.0)).translate(LINES)
+    # beam 1 is greedy search: with α = 0 the score is the log-probability
+    assert all(h[0].score == h[0].logprob < 0 for line, h in zip(LINES, greedy) if line.strip())
+    assert len({h[0].text for h in greedy}) > 2
+    # EOS made likely: without a minimum every translation is empty or nearly so
+    eager = tiny_parts(tokenizer_path, eos_bias=40.0)
+    free = translator(eager).translate(LINES)
+    assert max(len(h[0].tokens) for h in free) <= 1
+    for config, nbest in ((replace(DECODE, min_length=3), 3), (replace(SAMPLING, min_length=3), 2)):
+        out = translator(eager, config).translate(LINES, nbest=nbest)
+        for line, hyps in zip(LINES, out):
+            if line.strip():
+                assert len(hyps) == nbest and all(len(h.tokens) >= 3 for h in hyps)
+
+
+def test_sampling_is_seeded_per_line(parts):
+    one_per_batch = translator(parts, replace(SAMPLING, max_tokens=16)).translate(LINES, nbest=3)
+    batched = translator(parts, SAMPLING).translate(LINES, nbest=3)
+    assert_same(one_per_batch, batched)  # independent of the batching
+    other = translator(parts, replace(SAMPLING, seed=2)).translate(LINES, nbest=3)
+    assert [h.tokens for hyps in other for h in hyps] != [h.tokens for hyps in batched for h in hyps]
+    # a duplicate line is sampled afresh (its own line key)
+    assert [h.tokens for h in batched[2]] != [h.tokens for h in batched[6]]
+    for line, hyps in zip(LINES, batched):
+        if line.strip():
+            assert len(hyps) == 3 and len({h.tokens for h in hyps}) > 1
+            assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+
+
+def test_invalid_options_are_rejected(parts):
+    with pytest.raises(ValueError, match="between 1 and the beam size 3"):
+        translator(parts).translate(["Yes."], nbest=4)
+    assert translator(parts, SAMPLING).translate([""], nbest=4) == [[Hypothesis("", (), 0, 0)]]
+    bad = [(dict(beam_size=0), "decode.beam_size"), (dict(alpha=-1.0), "decode.alpha"),
+           (dict(length_penalty="x"), "decode.length_penalty"),
+           (dict(top_p=0.0), "decode.top_p"), (dict(temperature=0.0), "decode.temperature"),
+           (dict(min_length=-1), "decode.min_length"), (dict(max_tokens=0), "decode.max_tokens")]
+    for change, key in bad:
+        with pytest.raises(ValueError, match=key):
+            check_decode_config(replace(DECODE, **change))
+    with pytest.raises(ValueError, match="on_long"):
+        translator(parts, on_long="drop")
+
+
+SHARDED = textwrap.dedent("""
+    import json, sys
+    import jax, numpy as np
+    from jax.sharding import Mesh
+    sys.path.insert(0, sys.argv[1])
+    from test_translation import DECODE, LINES, SAMPLING, as_tuples, tiny_parts
+    from seq2seq.translation import Translator
+    assert jax.device_count() == 8, jax.devices()
+    tokenizer, graphdef, params = tiny_parts(sys.argv[2])
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    out = {}
+    for name, config in (("beam", DECODE), ("sampling", SAMPLING)):
+        t = Translator(graphdef, params, tokenizer, config, mesh=mesh)
+        x = t._put(np.zeros((8, 16), np.int32))
+        assert len(x.sharding.device_set) == 8 and x.sharding.shard_shape(x.shape) == (1, 16)
+        out[name] = as_tuples(t.translate(LINES, nbest=3))
+    print(json.dumps(out))
+""")
+
+
+def test_translation_is_identical_on_1_and_8_devices(parts, tokenizer_path):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", SHARDED, str(Path(__file__).parent),
+                           tokenizer_path], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sharded = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, config in (("beam", DECODE), ("sampling", SAMPLING)):
+        single = translator(parts, config).translate(LINES, nbest=3)
+        assert_same([[Hypothesis(h[0], tuple(h[1]), h[2], h[3]) for h in hyps]
+                     for hyps in sharded[name]], single)
+
+
+# -- seq2seq-translate and seq2seq-evaluate ------------------------------------------------------
+
+@pytest.fixture
+def run(parts, monkeypatch, tmp_path):
+    """A fake run directory: ``load_trained`` returns the tiny model and a config."""
+    tokenizer, graphdef, params = parts
+    config = Config(workdir=str(tmp_path), data=DataConfig(max_len=32), decode=DECODE)
+
+    def load_trained(workdir, step=None):
+        assert workdir == "RUN"
+        return config, tokenizer, graphdef, params
+
+    monkeypatch.setattr("seq2seq.workdir.load_trained", load_trained)
+    return tmp_path
+
+
+def stdin(monkeypatch, data: bytes):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+def test_translate_command_stdin_to_stdout(run, parts, monkeypatch, capsys):
+    stdin(monkeypatch, "\n".join(LINES).encode() + b"\r\n")
+    assert cli.translate_main(["--workdir", "RUN"]) == 0
+    expected = [h[0].text for h in translator(parts).translate(LINES)]
+    assert capsys.readouterr().out.split("\n") == expected + [""]
+
+
+def test_translate_command_nbest_file_to_file(run, parts, capsys):
+    (run / "in.txt").write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    argv = ["--workdir", "RUN", "--input", str(run / "in.txt"), "--output", str(run / "out.txt"),
+            "--nbest", "2"]
+    assert cli.translate_main(argv) == 0
+    assert capsys.readouterr().out == ""
+    rows = [r.split(" ||| ") for r in (run / "out.txt").read_text(encoding="utf-8").splitlines()]
+    results = translator(parts).translate(LINES, nbest=2)
+    expected = [[str(i), h.text, f"{h.logprob:.4f}", f"{h.score:.4f}"]
+                for i, hyps in enumerate(results) for h in hyps]
+    assert rows == expected
+    assert [r[0] for r in rows] == ["0", "0", "1", "2", "2", "3", "3", "4", "5", "5", "6", "6",
+                                    "7", "7"]  # empty lines give one empty hypothesis
+
+
+def test_translate_command_sampling(run, parts, capsys):
+    (run / "in.txt").write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    argv = ["--workdir", "RUN", "--input", str(run / "in.txt"), "--sampling", "--top-k", "20",
+            "--seed", "1", "--temperature", "1.0", "--nbest", "3"]
+    assert cli.translate_main(argv) == 0
+    rows = capsys.readouterr().out.splitlines()
+    results = translator(parts, SAMPLING).translate(LINES, nbest=3)
+    assert rows == [f"{i} ||| {h.text} ||| {h.logprob:.4f} ||| {h.score:.4f}"
+                    for i, hyps in enumerate(results) for h in hyps]
+
+
+def test_translate_command_options_reach_the_translator(run, monkeypatch, capsys):
+    seen = {}
+
+    class FakeTranslator:
+        def __init__(self, graphdef, params, tokenizer, config, max_src_len, on_long):
+            seen.update(config=config, max_src_len=max_src_len, on_long=on_long)
+
+        def translate(self, lines, nbest=1, progress=False):
+            seen.update(nbest=nbest, progress=progress)
+            return [[Hypothesis(line.upper(), (), -1.0, -0.5)] * nbest for line in lines]
+
+    monkeypatch.setattr("seq2seq.translation.Translator", FakeTranslator)
+    (run / "in.txt").write_text("a\nb\n", encoding="utf-8")
+    argv = ["--workdir", "RUN", "--input", str(run / "in.txt"), "--beam", "5", "--alpha", "1.0",
+            "--min-length", "2", "--max-tokens", "100", "--sampling", "--temperature", "0.7",
+            "--top-k", "7", "--top-p", "0.9", "--seed", "3", "--max-src-tokens", "40",
+            "--on-long", "reject", "--nbest", "2"]
+    assert cli.translate_main(argv) == 0
+    assert capsys.readouterr().out == ("0 ||| A ||| -1.0000 ||| -0.5000\n" * 2
+                                       + "1 ||| B ||| -1.0000 ||| -0.5000\n" * 2)
+    assert seen == dict(config=replace(DECODE, beam_size=5, alpha=1.0, min_length=2,
+                                       max_tokens=100, sampling=True, temperature=0.7, top_k=7,
+                                       top_p=0.9, seed=3),
+                        max_src_len=40, on_long="reject", nbest=2, progress=True)
+    # defaults: the run's decode config, max(data.max_len, 256) tokens, no progress bar on stdin
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x\n"), encoding="utf-8"))
+    assert cli.translate_main(["--workdir", "RUN"]) == 0
+    assert capsys.readouterr().out == "X\n"
+    assert seen == dict(config=DECODE, max_src_len=256, on_long="truncate", nbest=1,
+                        progress=False)
+    # sampling options without --sampling, and out-of-range values, are errors
+    assert cli.translate_main(["--workdir", "RUN", "--input", str(run / "in.txt"),
+                               "--top-k", "5", "--seed", "2"]) == 2
+    assert "--top-k, --seed only apply with --sampling" in capsys.readouterr().err
+    for bad, message in ((["--top-p", "1.5"], "must be in (0, 1]"),
+                         (["--temperature", "0"], "must be > 0"), (["--beam", "0"], "must be ≥ 1"),
+                         (["--on-long", "drop"], "invalid choice")):
+        with pytest.raises(SystemExit):
+            cli.translate_main(["--workdir", "RUN", "--sampling"] + bad)
+        assert message in capsys.readouterr().err
+
+
+def test_translate_command_names_the_bad_line(run, monkeypatch, capsys):
+    (run / "bad.txt").write_bytes("ok\nstill ok\n".encode() + b"caf\xe9\n")
+    assert cli.translate_main(["--workdir", "RUN", "--input", str(run / "bad.txt")]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'bad.txt'}, line 3: not valid UTF-8" in err and "byte 4" in err
+    stdin(monkeypatch, b"\xff\n")
+    assert cli.translate_main(["--workdir", "RUN"]) == 2
+    assert "<stdin>, line 1: not valid UTF-8" in capsys.readouterr().err
+
+
+def test_translate_command_long_lines(run, capsys):
+    (run / "in.txt").write_text("\n".join(LONG) + "\n", encoding="utf-8")
+    base = ["--workdir", "RUN", "--input", str(run / "in.txt"), "--max-src-tokens", "16"]
+    assert cli.translate_main(base) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 4
+    assert "line 2: 18 tokens, truncated to 16" in captured.err
+    assert cli.translate_main(base + ["--on-long", "reject"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "line 2 (18 tokens)" in captured.err
+
+
+def test_evaluate_command(run, parts, capsys):
+    refs = ["No puedo comer pollo.", "", "Tom está aquí.", "¿Dónde pusiste las llaves?", "",
+            "Sí.", "Tom está aquí.", "Dijo que volvería."]
+    (run / "src.en").write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    (run / "ref.es").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    argv = ["--workdir", "RUN", "--src", str(run / "src.en"), "--ref", str(run / "ref.es"),
+            "--output", str(run / "hyp.es")]
+    assert cli.evaluate_main(argv) == 0
+    out = capsys.readouterr().out
+    hyps = (run / "hyp.es").read_text(encoding="utf-8").split("\n")[:-1]
+    assert hyps == [h[0].text for h in translator(parts).translate(LINES)]
+    bleu = sacrebleu.BLEU().corpus_score(hyps, [refs])
+    chrf = sacrebleu.CHRF().corpus_score(hyps, [refs])
+    assert f"BLEU = {bleu.score:.2f} (nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in out
+    assert f"chrF = {chrf.score:.2f} (nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:" in out
+    assert "8 sentences in" in out and "beam 3, alpha 0.6" in out
+
+    (run / "short.es").write_text("uno\n", encoding="utf-8")
+    assert cli.evaluate_main(argv[:4] + ["--ref", str(run / "short.es")]) == 2
+    assert "has 8 lines but" in capsys.readouterr().err
+    assert cli.evaluate_main(["--workdir", "RUN", "--src", str(run / "src.en")]) == 2
+    assert "give both --src and --ref" in capsys.readouterr().err
+    (run / "empty").write_text("", encoding="utf-8")
+    assert cli.evaluate_main(["--workdir", "RUN", "--src", str(run / "empty"), "--ref",
+                              str(run / "empty")]) == 2
+    assert "need as many hypotheses as references (> 0)" in capsys.readouterr().err
+    assert cli.evaluate_main(argv[:4] + ["--ref", str(run / "missing.es")]) == 2
+    assert "missing.es" in capsys.readouterr().err
