@@ -61,9 +61,11 @@ def dot_product_attention(
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """softmax(Q Kᵀ / √d_k + B) V per head (Vaswani et al. 2017, eq. 1; B: position bias).
 
-    Uses ``jax.nn.dot_product_attention`` (which picks cuDNN flash attention on GPU); an explicit
-    path computes the same thing when attention-weight dropout is active or the weights are
-    requested. Logits and softmax are float32 whatever the input dtype.
+    Uses ``jax.nn.dot_product_attention`` (its default ``implementation=None`` is XLA's fused
+    attention on every backend in jax 0.10; ``"cudnn"`` would select cuDNN flash attention on
+    GPU for bf16/fp16 inputs); an explicit path computes the same thing when attention-weight
+    dropout is active or the weights are requested. Logits and softmax are float32 whatever the
+    input dtype.
 
     Args:
       query: ``[batch, q_len, heads, head_dim]``.
