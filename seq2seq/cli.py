@@ -266,3 +266,32 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
     print(f"{len(hyps)} sentences in {seconds:.1f} s ({len(hyps) / seconds:.1f} sentences/s), "
           f"{search}")
     return 0
+
+
+def params_main(argv: Sequence[str] | None = None) -> int:
+    """``seq2seq-params --config FILE [key=value ...]``: parameter counts per model component.
+
+    Builds the model abstractly (``nnx.eval_shape``: nothing allocated, so the big presets are
+    instant). ``model.vocab_size`` 0 (fill from the tokenizer) is read as ``tokenizer.vocab_size``.
+    """
+    parser = argparse.ArgumentParser(
+        prog="seq2seq-params", description="Print the model's parameter counts per component "
+        "(embeddings, attention, FFN, norms, positions) without allocating it.")
+    parser.add_argument("--config", help="YAML config (see configs/)")
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model.d_model=512")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        return _fail(str(e))
+    from seq2seq.model.report import abstract_model, format_report, parameter_counts
+
+    model_config = config.model
+    if model_config.vocab_size == 0:
+        model_config = replace(model_config, vocab_size=config.tokenizer.vocab_size)
+    try:
+        counts = parameter_counts(abstract_model(model_config))
+    except ValueError as e:
+        return _fail(str(e))
+    print(format_report(model_config, counts))
+    return 0

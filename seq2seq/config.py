@@ -108,13 +108,53 @@ class TokenizerConfig:
     user_defined_symbols: list[str] = field(default_factory=list)
 
 
+# Choices of the string-valued model settings (checked when a config is built).
+MODEL_CHOICES: dict[str, tuple[str, ...]] = {
+    "norm": ("pre", "post"),
+    "positions": ("sinusoidal", "learned", "relative", "rope", "alibi", "none"),
+    "activation": ("relu", "gelu", "swiglu", "geglu"),
+    "share_embeddings": ("all", "target", "none"),
+    "dtype": ("float32", "bfloat16"),
+}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Transformer encoder-decoder hyperparameters (Vaswani et al. 2017, Table 3).
 
-    ``vocab_size`` (target side, and source too when shared) and ``src_vocab_size`` (source
-    side of separate vocabularies; 0 = same as ``vocab_size``) are filled from the tokenizer
-    at run time when left at 0.
+    Attributes:
+      vocab_size: target vocabulary (and source too when shared); filled from the tokenizer at
+        run time when left at 0.
+      src_vocab_size: source vocabulary of separate vocabularies (0 = same as ``vocab_size``);
+        filled from the tokenizer.
+      d_model / num_heads / d_ff: model width, attention heads (d_model % num_heads == 0), FFN
+        hidden width.
+      num_encoder_layers / num_decoder_layers: stack depths.
+      dropout_rate: residual dropout P_drop (§5.4): on each sublayer output before the residual
+        add, and on the embeddings + positions.
+      attention_dropout_rate: dropout on the attention weights (after softmax).
+      activation_dropout_rate: dropout on the FFN hidden activation.
+      activation: FFN nonlinearity: ``relu`` (paper), ``gelu`` (Hendrycks & Gimpel 2016), or
+        the gated ``swiglu`` / ``geglu`` (Shazeer 2020; three d_model×d_ff matrices).
+      norm: ``post`` (paper: LayerNorm(x + Sublayer(x))) or ``pre`` (x + Sublayer(LayerNorm(x))
+        and a final LayerNorm per stack).
+      positions: ``sinusoidal`` (§3.5), ``learned`` absolute (a ``max_len`` table per stack),
+        ``relative`` (T5 bucketed bias per head, Raffel et al. 2020), ``rope`` (Su et al.
+        2021), ``alibi`` (Press et al. 2022) or ``none``. Sinusoidal, RoPE and ALiBi have no
+        length limit; ``learned`` fails for inputs longer than ``max_len``.
+      relpos_buckets / relpos_max_distance: T5 relative-position buckets and the distance from
+        which all positions share the last bucket (``relative`` only).
+      rope_base: RoPE frequency base θ (Su et al. 2021, eq. 15; 10000).
+      share_embeddings: ``all`` (one matrix for source, target and output projection, §3.4),
+        ``target`` (source embedding; target embedding tied to the output projection) or
+        ``none`` (three matrices). YAML ``true``/``false`` (the old boolean) mean ``all`` /
+        ``target``.
+      max_len: positions in the ``learned`` tables (unused by the other schemes).
+      dtype: compute dtype, ``float32`` or ``bfloat16``; parameters stay float32, and softmax,
+        LayerNorm statistics, logits and the loss are float32.
+
+    Raises:
+      ConfigError: a string setting is not one of its choices (the message names the key).
     """
 
     vocab_size: int = 0
@@ -126,11 +166,26 @@ class ModelConfig:
     d_ff: int = 1024
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.0
+    activation_dropout_rate: float = 0.0
     activation: str = "relu"
     norm: str = "pre"
-    share_embeddings: bool = True
+    positions: str = "sinusoidal"
+    relpos_buckets: int = 32
+    relpos_max_distance: int = 128
+    rope_base: float = 10_000.0
+    share_embeddings: str = "all"
     max_len: int = 512
     dtype: str = "float32"
+
+    def __post_init__(self):
+        # The field used to be a bool; YAML true/false arrive as bools or "True"/"False".
+        legacy = {"true": "all", "false": "target"}
+        sharing = str(self.share_embeddings)
+        object.__setattr__(self, "share_embeddings", legacy.get(sharing.lower(), sharing))
+        for key, choices in MODEL_CHOICES.items():
+            if getattr(self, key) not in choices:
+                raise ConfigError(f"model.{key} must be one of {', '.join(choices)}; "
+                                  f"got {getattr(self, key)!r}")
 
 
 @dataclass(frozen=True)

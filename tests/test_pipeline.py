@@ -128,7 +128,7 @@ def test_separate_vocabularies_with_shared_embeddings_fail_before_reading(tmp_pa
     config = Config(workdir=str(tmp_path / "run"),
                     data=DataConfig(train=SourceConfig(path=str(tmp_path / "missing"))),
                     tokenizer=TokenizerConfig(joint=False))
-    with pytest.raises(ConfigError, match="model.share_embeddings=false"):
+    with pytest.raises(ConfigError, match="model.share_embeddings=target or none"):
         prepare(config, config.workdir)
     with pytest.raises(ConfigError, match="tokenizer.character_coverage=0.5"):
         prepare(replace(config, **{"tokenizer.joint": True,
@@ -182,7 +182,7 @@ def test_vocabulary_sizes_are_filled_or_checked(toy):
         fill_vocab_sizes(replace(config, **{"model.vocab_size": 50}), data.tokenizer)
     with pytest.raises(ConfigError, match="model.src_vocab_size=30 but the vocabulary is joint"):
         fill_vocab_sizes(replace(config, **{"model.src_vocab_size": 30}), data.tokenizer)
-    with pytest.raises(ValueError, match="model.share_embeddings=false"):
+    with pytest.raises(ValueError, match="set model.share_embeddings to 'target' or 'none'"):
         build_model(ModelConfig(vocab_size=48, src_vocab_size=40, d_model=16, num_heads=2), 0)
 
 

@@ -72,12 +72,12 @@ def check_vocabularies(config: Config) -> None:
 
     Raises:
       ConfigError: separate vocabularies (``tokenizer.joint=false``) with
-        ``model.share_embeddings=true``, or an invalid tokenizer option.
+        ``model.share_embeddings=all``, or an invalid tokenizer option.
     """
-    if not config.tokenizer.joint and config.model.share_embeddings:
+    if not config.tokenizer.joint and config.model.share_embeddings == "all":
         raise ConfigError("tokenizer.joint=false gives the source and target separate "
                           "vocabularies, which cannot share one embedding matrix: set "
-                          "model.share_embeddings=false (or tokenizer.joint=true)")
+                          "model.share_embeddings=target or none (or tokenizer.joint=true)")
     try:
         check_options(config.tokenizer)
     except ValueError as e:
@@ -90,12 +90,12 @@ def fill_vocab_sizes(config: Config, tokenizer: TokenizerPair) -> Config:
 
     Raises:
       ConfigError: a size set in the config differs from the tokenizer's, or separate
-        vocabularies meet ``model.share_embeddings=true``.
+        vocabularies meet ``model.share_embeddings=all``.
     """
     m = config.model
-    if not tokenizer.joint and m.share_embeddings:
+    if not tokenizer.joint and m.share_embeddings == "all":
         raise ConfigError("the source and target tokenizers are separate models; set "
-                          "model.share_embeddings=false")
+                          "model.share_embeddings=target or none")
     sizes = {"vocab_size": ("target", tokenizer.vocab_size)}
     if not tokenizer.joint:
         sizes["src_vocab_size"] = ("source", tokenizer.src_vocab_size)

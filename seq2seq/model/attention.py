@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from seq2seq.model.axes import logical
+from seq2seq.model.positions import apply_rope
 
 
 def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
@@ -53,21 +54,26 @@ def dot_product_attention(
     value: jax.Array,
     mask: jax.Array | None,
     *,
+    bias: jax.Array | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
     return_weights: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """softmax(Q Kᵀ / √d_k) V per head (Vaswani et al. 2017, eq. 1).
+    """softmax(Q Kᵀ / √d_k + B) V per head (Vaswani et al. 2017, eq. 1; B: position bias).
 
-    Uses ``jax.nn.dot_product_attention`` (which picks cuDNN flash attention on GPU); an explicit
-    path is used when attention-weight dropout is active or the weights are requested.
-    Softmax is computed in float32 whatever the input dtype.
+    Uses ``jax.nn.dot_product_attention`` (its default ``implementation=None`` is XLA's fused
+    attention on every backend in jax 0.10; ``"cudnn"`` would select cuDNN flash attention on
+    GPU for bf16/fp16 inputs); an explicit path computes the same thing when attention-weight
+    dropout is active or the weights are requested. Logits and softmax are float32 whatever the
+    input dtype.
 
     Args:
       query: ``[batch, q_len, heads, head_dim]``.
-      key, value: ``[batch, k_len, heads, head_dim]``.
+      key, value: ``[batch, k_len, heads, head_dim]`` (same dtype as ``query``).
       mask: bool, broadcastable to ``[batch, heads, q_len, k_len]``; True = attend. A query row
         with no allowed key (a padding query) gets uniform weights, never NaN.
+      bias: float32, broadcastable to ``[batch, heads, q_len, k_len]``, added to the scaled
+        logits (relative-position or ALiBi bias); None for none.
       dropout_rate: dropout on the attention weights (needs ``dropout_rng``).
       return_weights: also return the float32 weights ``[batch, heads, q_len, k_len]``.
 
@@ -76,9 +82,12 @@ def dot_product_attention(
     """
     use_dropout = dropout_rate > 0.0 and dropout_rng is not None
     if not (use_dropout or return_weights):
-        return jax.nn.dot_product_attention(query, key, value, mask=mask)
+        return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask)
     depth = query.shape[-1]
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) / jnp.sqrt(depth)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+    logits = logits / jnp.sqrt(jnp.float32(depth))
+    if bias is not None:
+        logits = logits + bias
     if mask is not None:
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1)
@@ -93,24 +102,33 @@ def dot_product_attention(
 class MultiHeadAttention(nnx.Module):
     """Multi-head attention with separate Q, K, V and output projections (§3.2.2).
 
+    Projections ``d_model → d_model`` with biases: 4·d_model² weights + 4·d_model biases.
+
     Args:
       d_model: model width; must be divisible by ``num_heads``.
       num_heads: number of heads h; head_dim = d_model / h.
       dropout_rate: attention-weight dropout.
+      rope_base: θ of the rotary embedding, used when ``rope_positions`` are passed.
       dtype: compute dtype (parameters stay float32).
       rngs: parameter initialisation keys.
+
+    Inspection: ``nnx.view(model, only=MultiHeadAttention, sow_weights=True)`` makes every
+    call store its float32 weights ``[batch, heads, q_len, k_len]`` as ``nnx.Intermediate``
+    ``attention_weights`` (``Transformer.attention_weights`` does this for a whole batch).
 
     Raises:
       ValueError: d_model is not divisible by num_heads.
     """
 
     def __init__(self, d_model: int, num_heads: int, *, dropout_rate: float = 0.0,
-                 dtype=jnp.float32, rngs: nnx.Rngs):
+                 rope_base: float = 10_000.0, dtype=jnp.float32, rngs: nnx.Rngs):
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads
         self.dropout_rate = dropout_rate
+        self.rope_base = rope_base
+        self.sow_weights = False
         init = nnx.initializers.xavier_uniform()
 
         def proj(axes):
@@ -123,32 +141,62 @@ class MultiHeadAttention(nnx.Module):
         self.value = proj(("embed", "heads"))
         self.out = proj(("heads", "embed"))
 
+    def set_view(self, sow_weights: bool | None = None):
+        """For ``nnx.view``: ``sow_weights=True`` records the attention weights of every call."""
+        if sow_weights is not None:
+            self.sow_weights = sow_weights
+
     def _split(self, x: jax.Array) -> jax.Array:
         return x.reshape(*x.shape[:-1], self.num_heads, self.head_dim)
 
-    def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Keys and values ``[batch, k_len, heads, head_dim]`` of ``x`` ``[batch, k_len, d_model]``."""
-        return self._split(self.key(x)), self._split(self.value(x))
+    def project_kv(self, x: jax.Array, rope_positions: jax.Array | None = None) -> tuple[
+            jax.Array, jax.Array]:
+        """Keys and values ``[batch, k_len, heads, head_dim]`` of ``x`` ``[batch, k_len, d_model]``.
+
+        With int ``rope_positions`` ``[batch or 1, k_len]`` the keys are rotated (RoPE), so a
+        cache holds them ready to use.
+        """
+        key = self._split(self.key(x))
+        if rope_positions is not None:
+            key = apply_rope(key, rope_positions, self.rope_base)
+        return key, self._split(self.value(x))
 
     def attend(self, x_q: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None, *,
+               bias: jax.Array | None = None, rope_positions: jax.Array | None = None,
                deterministic: bool = True, rngs: nnx.Rngs | None = None,
                return_weights: bool = False):
         """Attend from queries ``x_q`` ``[batch, q_len, d_model]`` to projected keys/values.
 
-        Returns ``[batch, q_len, d_model]`` (and weights ``[batch, heads, q_len, k_len]``).
+        Args:
+          key, value: ``[batch, k_len, heads, head_dim]`` from ``project_kv``.
+          mask: bool, broadcastable to ``[batch, heads, q_len, k_len]``.
+          bias: float32 position bias, broadcastable to ``[batch, heads, q_len, k_len]``.
+          rope_positions: int ``[batch or 1, q_len]``: rotate the queries (RoPE).
+
+        Returns ``[batch, q_len, d_model]`` (and float32 weights ``[batch, heads, q_len, k_len]``).
         """
         q = self._split(self.query(x_q))
+        if rope_positions is not None:
+            q = apply_rope(q, rope_positions, self.rope_base)
         dropout_rng = None
         if not deterministic and self.dropout_rate > 0.0 and rngs is not None:
             dropout_rng = rngs.dropout()
-        res = dot_product_attention(q, key, value, mask, dropout_rate=self.dropout_rate,
-                                    dropout_rng=dropout_rng, return_weights=return_weights)
-        out, weights = res if return_weights else (res, None)
+        want_weights = return_weights or self.sow_weights
+        res = dot_product_attention(q, key, value, mask, bias=bias, dropout_rate=self.dropout_rate,
+                                    dropout_rng=dropout_rng, return_weights=want_weights)
+        out, weights = res if want_weights else (res, None)
+        if self.sow_weights:
+            self.sow(nnx.Intermediate, "attention_weights", weights)
         out = self.out(out.reshape(*out.shape[:-2], -1))
         return (out, weights) if return_weights else out
 
     def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array | None, *,
+                 bias: jax.Array | None = None, rope_positions: jax.Array | None = None,
                  deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
-        """Full attention from ``x_q`` ``[batch, q_len, d_model]`` to ``x_kv`` ``[batch, k_len, d_model]``."""
-        key, value = self.project_kv(x_kv)
-        return self.attend(x_q, key, value, mask, deterministic=deterministic, rngs=rngs)
+        """Full attention from ``x_q`` ``[batch, q_len, d_model]`` to ``x_kv`` ``[batch, k_len, d_model]``.
+
+        ``bias`` and ``rope_positions`` as in ``attend`` (RoPE needs q_len == k_len: self-attention).
+        """
+        key, value = self.project_kv(x_kv, rope_positions)
+        return self.attend(x_q, key, value, mask, bias=bias, rope_positions=rope_positions,
+                           deterministic=deterministic, rngs=rngs)

@@ -2,7 +2,10 @@
 
 Parameters carry names such as ``("embed", "mlp")`` instead of mesh axes, so the model never
 depends on a mesh; placement is decided in one table elsewhere (t5x/MaxText style).
-Names: ``vocab``, ``embed`` (d_model), ``heads`` (heads × head_dim), ``mlp`` (d_ff).
+Names: ``vocab``, ``embed`` (d_model), ``heads`` (heads × head_dim in the projections; the
+number of heads in the relative-position bias table), ``mlp`` (d_ff), ``positions`` (rows of a
+learned absolute position table, ``model.max_len``), ``relpos_buckets`` (T5 relative-position
+buckets). Position tables are small; replicating them is the natural rule.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Encoder and decoder layers: attention, position-wise FFN, residuals and LayerNorm.
 
 Norm placement (``norm``):
-  * ``post`` (Vaswani et al. 2017, §5.4): ``x = LayerNorm(x + Dropout(Sublayer(x)))``.
+  * ``post`` (Vaswani et al. 2017, §3.1 and §5.4): ``x = LayerNorm(x + Dropout(Sublayer(x)))``.
   * ``pre`` (Wang et al. 2019; Xiong et al. 2020): ``x = x + Dropout(Sublayer(LayerNorm(x)))``,
     with a final LayerNorm after the stack (in ``transformer.py``).
 """
@@ -14,25 +14,37 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seq2seq.model.axes import logical
-
+from seq2seq.config import ModelConfig
 from seq2seq.model.attention import MultiHeadAttention
+from seq2seq.model.axes import logical
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
     "gelu": jax.nn.gelu,
+    # gated (Shazeer 2020, "GLU Variants Improve Transformer", eqs. 5-6): act(xW) ⊙ xV
+    "swiglu": jax.nn.silu,
+    "geglu": jax.nn.gelu,
 }
+GATED = ("swiglu", "geglu")
 
 
 def layer_norm(d_model: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    """LayerNorm (Ba et al. 2016) over the last axis; statistics in float32 (eps 1e-6)."""
+    """LayerNorm (Ba et al. 2016) over the last axis; statistics in float32 (eps 1e-6).
+
+    Output is float32; callers cast back to the compute dtype.
+    """
     return nnx.LayerNorm(d_model, epsilon=1e-6, dtype=jnp.float32, rngs=rngs,
                          scale_init=logical(nnx.initializers.ones, ("embed",)),
                          bias_init=logical(nnx.initializers.zeros, ("embed",)))
 
 
 class FeedForward(nnx.Module):
-    """Position-wise FFN: W2 · act(W1 x + b1) + b2 (Vaswani et al. 2017, eq. 2).
+    """Position-wise FFN (Vaswani et al. 2017, eq. 2), optionally gated (Shazeer 2020).
+
+    * ``relu``/``gelu``: ``wo(act(wi(x)))`` = W2 · act(W1 x + b1) + b2; weights 2·d_model·d_ff.
+    * ``swiglu``/``geglu``: ``wo(act(wi_gate(x)) ⊙ wi(x))`` with act = Swish/GELU (Shazeer
+      2020, eqs. 5-6); weights 3·d_model·d_ff. Shazeer drops the biases; they are kept here,
+      like everywhere else in this model (d_ff per input projection, d_model for ``wo``).
 
     Input and output ``[batch, length, d_model]``; hidden ``[batch, length, d_ff]``.
     Dropout is applied to the hidden activation at ``activation_dropout_rate``.
@@ -47,9 +59,14 @@ class FeedForward(nnx.Module):
             raise ValueError(f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}")
         self.activation = ACTIVATIONS[activation]
         init = nnx.initializers.xavier_uniform()
-        self.wi = nnx.Linear(d_model, d_ff, dtype=dtype, rngs=rngs,
-                             kernel_init=logical(init, ("embed", "mlp")),
-                             bias_init=logical(nnx.initializers.zeros, ("mlp",)))
+
+        def inner():
+            return nnx.Linear(d_model, d_ff, dtype=dtype, rngs=rngs,
+                              kernel_init=logical(init, ("embed", "mlp")),
+                              bias_init=logical(nnx.initializers.zeros, ("mlp",)))
+
+        self.wi = inner()
+        self.wi_gate = inner() if activation in GATED else None
         self.wo = nnx.Linear(d_ff, d_model, dtype=dtype, rngs=rngs,
                              kernel_init=logical(init, ("mlp", "embed")),
                              bias_init=logical(nnx.initializers.zeros, ("embed",)))
@@ -57,7 +74,10 @@ class FeedForward(nnx.Module):
 
     def __call__(self, x: jax.Array, *, deterministic: bool = True,
                  rngs: nnx.Rngs | None = None) -> jax.Array:
-        h = self.activation(self.wi(x))
+        if self.wi_gate is None:
+            h = self.activation(self.wi(x))
+        else:
+            h = self.activation(self.wi_gate(x)) * self.wi(x)
         h = self.dropout(h, deterministic=deterministic, rngs=rngs)
         return self.wo(h)
 
@@ -81,66 +101,88 @@ class _Residual(nnx.Module):
         return self.norm(x + y).astype(x.dtype)
 
 
+def _attention(config: ModelConfig, dtype, rngs: nnx.Rngs) -> MultiHeadAttention:
+    return MultiHeadAttention(config.d_model, config.num_heads, dtype=dtype, rngs=rngs,
+                              dropout_rate=config.attention_dropout_rate,
+                              rope_base=config.rope_base)
+
+
+def _ffn(config: ModelConfig, dtype, rngs: nnx.Rngs) -> FeedForward:
+    return FeedForward(config.d_model, config.d_ff, activation=config.activation,
+                       activation_dropout_rate=config.activation_dropout_rate, dtype=dtype, rngs=rngs)
+
+
 class EncoderLayer(nnx.Module):
     """Self-attention then FFN, each wrapped in a residual + LayerNorm (§3.1).
 
-    ``__call__``: x ``[batch, src_len, d_model]``, mask ``[batch, 1, src_len, src_len]`` →
-    ``[batch, src_len, d_model]``.
+    Args:
+      config: model shape, norm placement, activation and dropout rates.
+      dtype: compute dtype (parameters float32).
+      rngs: initialisation keys.
+
+    ``__call__``: x ``[batch, src_len, d_model]``, mask ``[batch, 1, src_len, src_len]``,
+    optional position ``bias`` (float32 ``[batch, heads, src_len, src_len]``) and
+    ``rope_positions`` (int ``[batch, src_len]``) → ``[batch, src_len, d_model]``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, *, norm: str, dropout_rate: float,
-                 attention_dropout_rate: float, activation: str, dtype, rngs: nnx.Rngs):
-        self.self_attention = MultiHeadAttention(d_model, num_heads, dtype=dtype, rngs=rngs,
-                                                 dropout_rate=attention_dropout_rate)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, dtype=dtype, rngs=rngs)
-        self.attention_block = _Residual(d_model, norm, dropout_rate, rngs)
-        self.ffn_block = _Residual(d_model, norm, dropout_rate, rngs)
+    def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
+        self.self_attention = _attention(config, dtype, rngs)
+        self.ffn = _ffn(config, dtype, rngs)
+        self.attention_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
+        self.ffn_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
 
-    def __call__(self, x, mask, *, deterministic: bool = True, rngs: nnx.Rngs | None = None):
+    def __call__(self, x, mask, *, bias=None, rope_positions=None, deterministic: bool = True,
+                 rngs: nnx.Rngs | None = None):
         kw = dict(deterministic=deterministic, rngs=rngs)
-        x = self.attention_block(x, lambda h: self.self_attention(h, h, mask, **kw), **kw)
+        x = self.attention_block(x, lambda h: self.self_attention(
+            h, h, mask, bias=bias, rope_positions=rope_positions, **kw), **kw)
         return self.ffn_block(x, lambda h: self.ffn(h, **kw), **kw)
 
 
 class DecoderLayer(nnx.Module):
     """Causal self-attention, cross-attention to the encoder, FFN; each residual (§3.1).
 
+    Args: as ``EncoderLayer``.
+
     ``__call__`` (teacher forcing): x ``[batch, tgt_len, d_model]``, cross keys/values
-    ``[batch, src_len, heads, head_dim]`` → ``[batch, tgt_len, d_model]``.
+    ``[batch, src_len, heads, head_dim]``, optional self-attention ``bias``/``rope_positions``
+    → ``[batch, tgt_len, d_model]``. Cross-attention has no position term.
     ``decode_step`` (one new position, KV cache): x ``[batch·beam, 1, d_model]``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, *, norm: str, dropout_rate: float,
-                 attention_dropout_rate: float, activation: str, dtype, rngs: nnx.Rngs):
-        self.self_attention = MultiHeadAttention(d_model, num_heads, dtype=dtype, rngs=rngs,
-                                                 dropout_rate=attention_dropout_rate)
-        self.cross_attention = MultiHeadAttention(d_model, num_heads, dtype=dtype, rngs=rngs,
-                                                  dropout_rate=attention_dropout_rate)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, dtype=dtype, rngs=rngs)
-        self.self_block = _Residual(d_model, norm, dropout_rate, rngs)
-        self.cross_block = _Residual(d_model, norm, dropout_rate, rngs)
-        self.ffn_block = _Residual(d_model, norm, dropout_rate, rngs)
+    def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
+        self.self_attention = _attention(config, dtype, rngs)
+        self.cross_attention = _attention(config, dtype, rngs)
+        self.ffn = _ffn(config, dtype, rngs)
+        self.self_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
+        self.cross_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
+        self.ffn_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
 
-    def __call__(self, x, self_mask, cross_kv, cross_mask, *, deterministic: bool = True,
-                 rngs: nnx.Rngs | None = None):
+    def __call__(self, x, self_mask, cross_kv, cross_mask, *, bias=None, rope_positions=None,
+                 deterministic: bool = True, rngs: nnx.Rngs | None = None):
         kw = dict(deterministic=deterministic, rngs=rngs)
-        x = self.self_block(x, lambda h: self.self_attention(h, h, self_mask, **kw), **kw)
+        x = self.self_block(x, lambda h: self.self_attention(
+            h, h, self_mask, bias=bias, rope_positions=rope_positions, **kw), **kw)
         x = self.cross_block(x, lambda h: self.cross_attention.attend(h, *cross_kv, cross_mask, **kw),
                              **kw)
         return self.ffn_block(x, lambda h: self.ffn(h, **kw), **kw)
 
     def decode_step(self, x, cache: dict[str, jax.Array], index: jax.Array, cross_kv, cross_mask,
-                    beam_size: int):
+                    beam_size: int, *, bias=None, rope_positions=None):
         """One decoding position with a KV cache (inference only, no dropout).
 
         Args:
           x: ``[batch·beam, 1, d_model]``, the embedded token at position ``index``.
-          cache: ``{"key", "value"}``, each ``[batch·beam, max_len, heads, head_dim]``.
+          cache: ``{"key", "value"}``, each ``[batch·beam, max_len, heads, head_dim]``; keys
+            are stored already rotated when RoPE is used.
           index: int scalar, the position being written.
           cross_kv: encoder keys/values ``[batch, src_len, heads, head_dim]``, shared by the
             beams of a sentence (the beams act as ``beam`` query positions).
           cross_mask: bool ``[batch, 1, 1, src_len]``.
           beam_size: beams per sentence.
+          bias: float32 ``[1, heads, 1, max_len]``: position bias of query ``index`` against
+            cache slots 0..max_len-1 (relative/ALiBi), or None.
+          rope_positions: int ``[1, 1]`` holding ``index`` (RoPE), or None.
 
         Returns:
           ``([batch·beam, 1, d_model], updated cache)``.
@@ -149,12 +191,13 @@ class DecoderLayer(nnx.Module):
         new_cache = {}
 
         def self_attend(h):
-            k, v = attn.project_kv(h)
+            k, v = attn.project_kv(h, rope_positions)
             new_cache["key"] = jax.lax.dynamic_update_slice_in_dim(cache["key"], k, index, axis=1)
             new_cache["value"] = jax.lax.dynamic_update_slice_in_dim(cache["value"], v, index, axis=1)
             max_len = cache["key"].shape[1]
             mask = (jnp.arange(max_len) <= index)[None, None, None, :]
-            return attn.attend(h, new_cache["key"], new_cache["value"], mask)
+            return attn.attend(h, new_cache["key"], new_cache["value"], mask, bias=bias,
+                               rope_positions=rope_positions)
 
         def cross_attend(h):
             # [batch·beam, 1, d] -> [batch, beam, d]: beams become query positions.

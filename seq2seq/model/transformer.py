@@ -1,9 +1,10 @@
 """The Transformer encoder-decoder (Vaswani et al. 2017, §3) in Flax NNX.
 
 Inputs are int32 token ids ``[batch, length]`` with segment ids (0 = padding; packed rows hold
-several segments) and per-segment positions. Embeddings are scaled by √d_model and summed with
-sinusoidal positions (§3.4, §3.5). One embedding matrix can serve source, target and the output
-projection (§3.4, "share_embeddings"). Logits are returned in float32.
+several segments) and per-segment positions. Embeddings are scaled by √d_model (§3.4); the
+position signal (``model.positions``, see ``positions.py``) is added to them or acts inside
+self-attention. The embedding matrices are shared as ``model.share_embeddings`` says (§3.4).
+Logits are returned in float32.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from seq2seq.config import ModelConfig
+from seq2seq.model.attention import MultiHeadAttention, causal_segment_mask, segment_mask
 from seq2seq.model.axes import logical
-from seq2seq.model.attention import causal_segment_mask, segment_mask
 from seq2seq.model.layers import DecoderLayer, EncoderLayer, layer_norm
-from seq2seq.model.positions import sinusoidal_embedding
+from seq2seq.model.positions import Positions
 
 Cache = dict[str, object]
 
@@ -42,8 +43,17 @@ def shift_right(targets: jax.Array, segments: jax.Array, bos_id: int, pad_id: in
     return jnp.where(segments > 0, shifted, pad_id).astype(targets.dtype)
 
 
+
+
 class Transformer(nnx.Module):
     """Encoder-decoder Transformer (Vaswani et al. 2017, Fig. 1).
+
+    Parameters (all float32, with logical axis names): ``embed`` [vocab, d_model] (source; also
+    target and output projection when ``share_embeddings`` is ``all``), ``target_embed``
+    (``target``/``none``; the output projection too under ``target``), ``output``
+    [d_model, vocab] without bias (``none``), ``encoder_positions``/``decoder_positions`` (a
+    learned table or relative-bias table when the scheme has one), the layers and, for
+    pre-norm, ``encoder_norm``/``decoder_norm``.
 
     Args:
       config: ``ModelConfig``; ``vocab_size`` must be set (> 0); ``src_vocab_size`` (if not 0)
@@ -61,26 +71,31 @@ class Transformer(nnx.Module):
         self.config = config
         dtype = jnp.dtype(config.dtype)
         self.dtype = dtype
-        d = config.d_model
+        d, vocab = config.d_model, config.vocab_size
         # N(0, d^-1/2) so that embeddings × √d have unit scale (tensor2tensor practice).
         embed_init = logical(nnx.initializers.normal(stddev=d ** -0.5), ("vocab", "embed"))
-        src_vocab = config.src_vocab_size or config.vocab_size
-        if config.share_embeddings and src_vocab != config.vocab_size:
+        src_vocab = config.src_vocab_size or vocab
+        if config.share_embeddings == "all" and src_vocab != vocab:
             raise ValueError(f"model.src_vocab_size={src_vocab} differs from model.vocab_size="
-                             f"{config.vocab_size}: set model.share_embeddings=false")
+                             f"{vocab}: set model.share_embeddings to 'target' or 'none'")
         self.embed = nnx.Embed(src_vocab, d, dtype=dtype, embedding_init=embed_init, rngs=rngs)
-        if not config.share_embeddings:
-            self.target_embed = nnx.Embed(config.vocab_size, d, dtype=dtype,
-                                          embedding_init=embed_init, rngs=rngs)
-        layer_kw = dict(norm=config.norm, dropout_rate=config.dropout_rate,
-                        attention_dropout_rate=config.attention_dropout_rate,
-                        activation=config.activation, dtype=dtype, rngs=rngs)
-        self.encoder_layers = nnx.List([
-            EncoderLayer(d, config.num_heads, config.d_ff, **layer_kw)
-            for _ in range(config.num_encoder_layers)])
-        self.decoder_layers = nnx.List([
-            DecoderLayer(d, config.num_heads, config.d_ff, **layer_kw)
-            for _ in range(config.num_decoder_layers)])
+        if config.share_embeddings != "all":
+            self.target_embed = nnx.Embed(vocab, d, dtype=dtype, embedding_init=embed_init,
+                                          rngs=rngs)
+        if config.share_embeddings == "none":
+            self.output = nnx.Linear(d, vocab, use_bias=False, dtype=dtype, rngs=rngs,
+                                     kernel_init=logical(nnx.initializers.xavier_uniform(),
+                                                         ("embed", "vocab")))
+        pos_kw = dict(max_len=config.max_len, relpos_buckets=config.relpos_buckets,
+                      relpos_max_distance=config.relpos_max_distance, rngs=rngs)
+        self.encoder_positions = Positions(config.positions, d, config.num_heads, causal=False,
+                                           **pos_kw)
+        self.decoder_positions = Positions(config.positions, d, config.num_heads, causal=True,
+                                           **pos_kw)
+        self.encoder_layers = nnx.List([EncoderLayer(config, dtype=dtype, rngs=rngs)
+                                        for _ in range(config.num_encoder_layers)])
+        self.decoder_layers = nnx.List([DecoderLayer(config, dtype=dtype, rngs=rngs)
+                                        for _ in range(config.num_decoder_layers)])
         if config.norm == "pre":
             self.encoder_norm = layer_norm(d, rngs)
             self.decoder_norm = layer_norm(d, rngs)
@@ -88,17 +103,24 @@ class Transformer(nnx.Module):
 
     # -- embeddings -------------------------------------------------------------------------
     def _target_embedding(self) -> nnx.Embed:
-        return self.embed if self.config.share_embeddings else self.target_embed
+        return self.embed if self.config.share_embeddings == "all" else self.target_embed
 
-    def _embed(self, table: nnx.Embed, tokens, positions, *, deterministic, rngs):
+    def _embed(self, table: nnx.Embed, positions: Positions, tokens, token_positions, *,
+               deterministic, rngs):
         x = table(tokens) * jnp.sqrt(self.config.d_model).astype(self.dtype)
-        x = x + sinusoidal_embedding(positions, self.config.d_model).astype(self.dtype)
+        x = positions.add(x, token_positions)
         return self.dropout(x, deterministic=deterministic, rngs=rngs)
 
     def logits(self, x: jax.Array) -> jax.Array:
-        """Output projection with the (shared) target embedding: ``[..., d_model]`` → float32 ``[..., vocab]``."""
+        """Output projection ``[..., d_model]`` → float32 ``[..., vocab]``.
+
+        The final decoder LayerNorm (pre-norm) is applied here, then the (tied) target
+        embedding transposed, or the separate ``output`` matrix under ``share_embeddings: none``.
+        """
         if self.config.norm == "pre":
             x = self.decoder_norm(x).astype(self.dtype)
+        if self.config.share_embeddings == "none":
+            return self.output(x).astype(jnp.float32)
         return self._target_embedding().attend(x).astype(jnp.float32)
 
     # -- encoder ----------------------------------------------------------------------------
@@ -111,11 +133,19 @@ class Transformer(nnx.Module):
 
         Returns:
           ``[batch, src_len, d_model]`` in the compute dtype.
+
+        Raises:
+          ValueError: ``learned`` positions and src_len > ``model.max_len``.
         """
-        x = self._embed(self.embed, src, src_positions, deterministic=deterministic, rngs=rngs)
+        pos = self.encoder_positions
+        pos.check_length(src.shape[1])
+        x = self._embed(self.embed, pos, src, src_positions, deterministic=deterministic, rngs=rngs)
         mask = segment_mask(src_segments, src_segments)
+        bias = pos.bias(src_positions, src_positions)
+        rope = pos.rope(src_positions)
         for layer in self.encoder_layers:
-            x = layer(x, mask, deterministic=deterministic, rngs=rngs)
+            x = layer(x, mask, bias=bias, rope_positions=rope, deterministic=deterministic,
+                      rngs=rngs)
         if self.config.norm == "pre":
             x = self.encoder_norm(x).astype(self.dtype)
         return x
@@ -134,14 +164,22 @@ class Transformer(nnx.Module):
 
         Returns:
           float32 logits ``[batch, tgt_len, vocab]``.
+
+        Raises:
+          ValueError: ``learned`` positions and tgt_len > ``model.max_len``.
         """
-        x = self._embed(self._target_embedding(), tgt_in, tgt_positions,
+        pos = self.decoder_positions
+        pos.check_length(tgt_in.shape[1])
+        x = self._embed(self._target_embedding(), pos, tgt_in, tgt_positions,
                         deterministic=deterministic, rngs=rngs)
         self_mask = causal_segment_mask(tgt_segments)
         cross_mask = segment_mask(tgt_segments, src_segments)
+        bias = pos.bias(tgt_positions, tgt_positions)
+        rope = pos.rope(tgt_positions)
         for layer in self.decoder_layers:
             cross_kv = layer.cross_attention.project_kv(encoded)
-            x = layer(x, self_mask, cross_kv, cross_mask, deterministic=deterministic, rngs=rngs)
+            x = layer(x, self_mask, cross_kv, cross_mask, bias=bias, rope_positions=rope,
+                      deterministic=deterministic, rngs=rngs)
         return self.logits(x)
 
     def __call__(self, batch: dict[str, jax.Array], *, bos_id: int, deterministic: bool = True,
@@ -153,15 +191,48 @@ class Transformer(nnx.Module):
             and ``tgt``, ``tgt_segments``, ``tgt_positions`` ``[batch, tgt_len]`` (``tgt`` are
             the output tokens, each segment ending in EOS).
           bos_id: id that starts every target segment.
+          deterministic: no dropout when True; else ``rngs`` must provide ``dropout`` keys.
 
         Returns:
           float32 ``[batch, tgt_len, vocab]``.
+
+        Raises:
+          ValueError: ``learned`` positions and a side longer than ``model.max_len``.
         """
         encoded = self.encode(batch["src"], batch["src_segments"], batch["src_positions"],
                               deterministic=deterministic, rngs=rngs)
         tgt_in = shift_right(batch["tgt"], batch["tgt_segments"], bos_id)
         return self.decode(tgt_in, batch["tgt_segments"], batch["tgt_positions"], encoded,
                            batch["src_segments"], deterministic=deterministic, rngs=rngs)
+
+    def attention_weights(self, batch: dict[str, jax.Array], *, bos_id: int) -> dict[str, jax.Array]:
+        """Attention weights of a teacher-forced batch, for inspection (no dropout).
+
+        Runs ``__call__`` on a view of the model whose attention modules take the explicit
+        path and sow their weights (``nnx.view`` + ``nnx.capture``); the model itself is left
+        unchanged. Works eagerly or inside ``nnx.jit``.
+
+        Args:
+          batch, bos_id: as ``__call__``.
+
+        Returns:
+          float32 arrays, each row a softmax over keys (masked keys get 0):
+          ``encoder`` ``[enc_layers, batch, heads, src_len, src_len]``,
+          ``decoder`` ``[dec_layers, batch, heads, tgt_len, tgt_len]`` (self-attention),
+          ``cross`` ``[dec_layers, batch, heads, tgt_len, src_len]``, and
+          ``logits`` float32 ``[batch, tgt_len, vocab]`` (equal to ``__call__``'s).
+        """
+        view = nnx.view(self, only=MultiHeadAttention, sow_weights=True)
+        logits, sown = nnx.capture(view, nnx.Intermediate)(batch, bos_id=bos_id)
+
+        def stack(layers, name):
+            return jnp.stack([sown[layers][i][name]["attention_weights"][0]
+                              for i in range(len(getattr(self, layers)))])
+
+        return {"encoder": stack("encoder_layers", "self_attention"),
+                "decoder": stack("decoder_layers", "self_attention"),
+                "cross": stack("decoder_layers", "cross_attention"),
+                "logits": logits}
 
     # -- incremental decoding ---------------------------------------------------------------
     def init_cache(self, encoded: jax.Array, src_segments: jax.Array, beam_size: int,
@@ -180,7 +251,11 @@ class Transformer(nnx.Module):
           ``{"layers": [{"key", "value"} of [batch·beam, max_len, heads, head_dim]],
           "cross": [(key, value) of [batch, src_len, heads, head_dim]],
           "cross_mask": bool [batch, 1, 1, src_len]}``.
+
+        Raises:
+          ValueError: ``learned`` positions and max_len > ``model.max_len``.
         """
+        self.decoder_positions.check_length(max_len)
         batch = encoded.shape[0]
         heads = self.config.num_heads
         head_dim = self.config.d_model // heads
@@ -194,6 +269,10 @@ class Transformer(nnx.Module):
                     beam_size: int) -> tuple[jax.Array, Cache]:
         """Logits for the next token given the token at position ``index``.
 
+        Every row holds one sentence, so the decoder position is ``index`` itself. RoPE keys are
+        rotated before they are cached; relative/ALiBi use the bias of query ``index`` against
+        cache slots 0..index (later slots are masked).
+
         Args:
           tokens: int32 ``[batch·beam]`` tokens at position ``index`` (BOS at 0).
           index: int32 scalar position.
@@ -203,17 +282,25 @@ class Transformer(nnx.Module):
         Returns:
           float32 logits ``[batch·beam, vocab]`` and the updated cache.
         """
-        positions = jnp.full((tokens.shape[0], 1), index, jnp.int32)
-        x = self._embed(self._target_embedding(), tokens[:, None], positions, deterministic=True,
-                        rngs=None)
+        pos = self.decoder_positions
+        query_pos = jnp.reshape(index, (1, 1)).astype(jnp.int32)
+        x = self._embed(self._target_embedding(), pos, tokens[:, None], query_pos,
+                        deterministic=True, rngs=None)
+        max_len = cache["layers"][0]["key"].shape[1] if cache["layers"] else 0
+        bias = pos.bias(query_pos, jnp.arange(max_len, dtype=jnp.int32)[None])
+        rope = pos.rope(query_pos)
         new_layers = []
         for layer, layer_cache, cross_kv in zip(self.decoder_layers, cache["layers"], cache["cross"]):
             x, layer_cache = layer.decode_step(x, layer_cache, index, cross_kv, cache["cross_mask"],
-                                               beam_size)
+                                               beam_size, bias=bias, rope_positions=rope)
             new_layers.append(layer_cache)
         return self.logits(x[:, 0]), {**cache, "layers": new_layers}
 
 
 def build_model(config: ModelConfig, seed: int = 0) -> Transformer:
-    """A freshly initialised Transformer from ``config`` and an integer seed."""
+    """A freshly initialised Transformer from ``config`` and an integer seed.
+
+    Under ``nnx.eval_shape(lambda: build_model(config))`` nothing is allocated (for parameter
+    counts and presets).
+    """
     return Transformer(config, rngs=nnx.Rngs(params=seed))
