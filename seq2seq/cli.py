@@ -54,11 +54,18 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return _fail(str(e))
-    print(f"\nstep {summary['step']}: test BLEU {summary['test_bleu']:.2f}, chrF "
-          f"{summary['test_chrf']:.2f} on {summary['test_sentences']} sentences")
+    best = summary["best"]
+    status = {"finished": "", "early_stopping": " (stopped early)",
+              "max_seconds": " (train.max_seconds reached)"}.get(summary["status"], "")
+    value = "–" if best["value"] is None else f"{best['value']:.4g}"
+    print(f"\nstep {summary['step']}{status}: best dev {best['metric']} {value} at step {best['step']}")
+    print(f"test BLEU {summary['test_bleu']:.2f}, chrF {summary['test_chrf']:.2f} on "
+          f"{summary['test_sentences']} sentences (checkpoint of step {summary['test_step']})")
     print(f"  {summary['bleu_signature']}\n  {summary['chrf_signature']}")
-    print(f"  train {summary['train_seconds'] / 60:.1f} min, decode {summary['decode_seconds']:.0f} s, "
-          f"total {summary['wall_seconds'] / 60:.1f} min; outputs in {config.workdir}")
+    print(f"  train {summary['train_seconds'] / 60:.1f} min, dev evaluation "
+          f"{summary['eval_seconds'] / 60:.1f} min, test decode {summary['decode_seconds']:.0f} s, "
+          f"wall {summary['wall_seconds'] / 60:.1f} min; {summary['tokens_seen']:,} tokens seen")
+    print(f"  outputs in {config.workdir} (see summary.md)")
     print("\nexamples:")
     for ex in summary["examples"]:
         print(f"  SRC {ex['source']}\n  REF {ex['reference']}\n  HYP {ex['hypothesis']}\n")
@@ -183,3 +190,4 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
     print(f"{len(hyps)} sentences in {seconds:.1f} s ({len(hyps) / seconds:.1f} sentences/s), "
           f"beam {decode.beam_size}, alpha {decode.alpha}")
     return 0
+
