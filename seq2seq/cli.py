@@ -1,4 +1,5 @@
-"""Command-line entry points: ``seq2seq-train``, ``seq2seq-evaluate``, ``seq2seq-translate``.
+"""Command-line entry points: ``seq2seq-train``, ``seq2seq-evaluate``, ``seq2seq-translate``,
+``seq2seq-average`` and ``seq2seq-plot``.
 
 The command line only wires modules together; every option maps to a config key.
 """
@@ -191,3 +192,53 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
           f"beam {decode.beam_size}, alpha {decode.alpha}")
     return 0
 
+
+def average_main(argv: Sequence[str] | None = None) -> int:
+    """``seq2seq-average --workdir DIR (--last N | --steps a,b,c) [--output OUT]``.
+
+    Averages checkpoint parameters into a new run directory usable by translate/evaluate.
+    """
+    parser = argparse.ArgumentParser(
+        prog="seq2seq-average", description="Average the parameters of several checkpoints of a "
+        "run into a new run directory (use it with seq2seq-translate/evaluate --workdir OUT).")
+    parser.add_argument("--workdir", required=True, help="run directory written by seq2seq-train")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--last", type=int, help="average the newest N checkpoints")
+    which.add_argument("--steps", help="comma-separated checkpoint steps, e.g. 1000,1500,2000")
+    parser.add_argument("--output", help="new run directory (default: WORKDIR/average)")
+    parser.add_argument("--overwrite", action="store_true", help="replace checkpoints in --output")
+    args = parser.parse_args(argv)
+    try:
+        steps = None if args.steps is None else [int(s) for s in args.steps.split(",") if s.strip()]
+    except ValueError:
+        return _fail(f"--steps must be comma-separated integers, got {args.steps!r}")
+    _setup_logging()
+    from seq2seq.workdir import average_checkpoints
+
+    output = args.output or str(Path(args.workdir) / "average")
+    try:
+        out, used = average_checkpoints(args.workdir, output, steps=steps, last=args.last,
+                                        overwrite=args.overwrite)
+    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
+        return _fail(str(e))
+    print(f"averaged checkpoints {used} of {args.workdir} into {out}")
+    print(f"  use it with: seq2seq-evaluate --workdir {out}")
+    return 0
+
+
+def plot_main(argv: Sequence[str] | None = None) -> int:
+    """``seq2seq-plot --workdir DIR [--output FILE]``: draw the run's curves to a PNG."""
+    parser = argparse.ArgumentParser(
+        prog="seq2seq-plot", description="Plot a run's train/dev loss, dev BLEU, learning rate "
+        "and gradient norm from metrics.jsonl to a PNG.")
+    parser.add_argument("--workdir", required=True, help="run directory written by seq2seq-train")
+    parser.add_argument("--output", help="PNG file (default: WORKDIR/curves.png)")
+    args = parser.parse_args(argv)
+    from seq2seq.plots import plot_run
+
+    try:
+        path = plot_run(args.workdir, args.output)
+    except (ValueError, FileNotFoundError) as e:
+        return _fail(str(e))
+    print(f"wrote {path}")
+    return 0

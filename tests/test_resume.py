@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from seq2seq import cli
 from seq2seq.config import ConfigError, TokenizerConfig, load_config
 from seq2seq.data.tokenizer import train_or_load
 from seq2seq.training.checkpoints import HANG_MARKER, HANG_SAVE_ENV, Checkpointer
@@ -195,6 +196,12 @@ def test_sigterm_saves_exits_and_the_same_command_resumes_exactly(corpus, tmp_pa
                    "## Checkpoints", "| 150 |", "## Config", "model_file", "`metrics.jsonl`"):
         assert needle in text, needle
     assert (workdir / "tensorboard").is_dir() and (workdir / "train.log").is_file()
+    assert _no_pickle(workdir) == []
+
+    # an average of the last two checkpoints is a run directory evaluate can use
+    assert cli.average_main(["--workdir", str(workdir), "--last", "2"]) == 0
+    assert cli.evaluate_main(["--workdir", str(workdir / "average"), "--src", corpus["test"] + ".en",
+                              "--ref", corpus["test"] + ".es"]) == 0
     assert _no_pickle(workdir) == []
 
 
