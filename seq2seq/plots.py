@@ -32,8 +32,8 @@ def curves(records: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[list[in
 
 
 def plot_run(workdir: str | Path, output: str | Path | None = None) -> Path:
-    """Draw a run's curves into one PNG: train/dev loss, dev BLEU (and the test score), learning
-    rate, gradient norm. Axes are optimizer steps.
+    """Draw a run's curves into one PNG: train/dev loss, dev BLEU (and the test score at the
+    step of the checkpoint decoded), learning rate, gradient norm. Axes are optimizer steps.
 
     Args:
       workdir: a run directory with ``metrics.jsonl``.
@@ -65,9 +65,10 @@ def plot_run(workdir: str | Path, output: str | Path | None = None) -> Path:
     draw(loss_ax, ("dev", "nll"), "dev NLL", linestyle="--")
     loss_ax.set(title="loss per target token (nats)", ylabel="loss")
     draw(bleu_ax, ("dev", "bleu"), "dev BLEU")
-    if ("test", "bleu") in data:
-        steps, values = data[("test", "bleu")]
-        bleu_ax.scatter(steps, values, color="black", marker="*", s=80, label="test BLEU", zorder=3)
+    tests = [r for r in records if r.get("split") == "test" and "bleu" in r]
+    if tests:  # drawn at the step of the checkpoint that was decoded
+        bleu_ax.scatter([r.get("checkpoint", r["step"]) for r in tests], [r["bleu"] for r in tests],
+                        color="black", marker="*", s=80, label="test BLEU", zorder=3)
     bleu_ax.set(title="BLEU (sacreBLEU)", ylabel="BLEU")
     draw(lr_ax, ("train", "learning_rate"), "learning rate")
     lr_ax.set(title="learning rate", xlabel="step")

@@ -70,6 +70,12 @@ def test_keeps_last_k_and_the_best_across_reopening(tmp_path):
         low.save(step, state, {}, metric=loss)
     assert low.all_steps() == [2, 4] and low.best_step() == 2
     low.close()
+    # equal metrics (a BLEU tie won on dev loss): the newer one is the best
+    tie = Checkpointer(tmp_path / "tie", keep=1, best_mode="max", async_save=False)
+    for step, value in ((1, 0.0), (2, 0.0), (3, None)):
+        tie.save(step, state, {}, metric=value)
+    assert tie.all_steps() == [2, 3] and tie.best_step() == 2
+    tie.close()
 
 
 def test_restore_of_a_missing_step_names_the_available_ones(tmp_path):

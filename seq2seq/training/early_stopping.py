@@ -18,11 +18,16 @@ MODES = {"bleu": "max", "loss": "min"}
 class BestTracker:
     """The best value of one dev metric and the evaluations since it last improved.
 
+    An evaluation improves when ``metric`` is strictly better, or, for ``bleu``, equal with a
+    strictly lower dev loss: early in training (and on tiny dev subsets) BLEU is often flat at
+    0, and the checkpoint with the lower loss is then the better one.
+
     Attributes:
       metric: ``bleu`` (higher is better) or ``loss`` (lower is better).
       value: the best value so far (None before the first evaluation).
       step: the step where it was reached.
-      evals_without_improvement: evaluations in a row that did not improve ``value``.
+      loss: the dev loss at that step (the tie-breaker for ``bleu``), if given.
+      evals_without_improvement: evaluations in a row that did not improve.
 
     Raises:
       ValueError: ``metric`` is not one of ``MODES``.
@@ -31,6 +36,7 @@ class BestTracker:
     metric: str
     value: float | None = None
     step: int | None = None
+    loss: float | None = None
     evals_without_improvement: int = 0
 
     def __post_init__(self):
@@ -42,15 +48,24 @@ class BestTracker:
         """``max`` or ``min``: which direction is better."""
         return MODES[self.metric]
 
-    def update(self, value: float, step: int) -> bool:
-        """Record an evaluation; returns True if ``value`` is a new best (strictly better).
+    def update(self, value: float, step: int, loss: float | None = None) -> bool:
+        """Record an evaluation of ``metric`` (and the dev ``loss``); returns True if it improves.
 
         A non-finite value never improves.
         """
-        better = math.isfinite(value) and (
-            self.value is None or (value > self.value if self.mode == "max" else value < self.value))
+        if not math.isfinite(value):
+            better = False
+        elif self.value is None:
+            better = True
+        elif self.mode == "max":
+            tie_won = (value == self.value and loss is not None and self.loss is not None
+                       and loss < self.loss)
+            better = value > self.value or tie_won
+        else:
+            better = value < self.value
         if better:
             self.value, self.step, self.evals_without_improvement = float(value), int(step), 0
+            self.loss = None if loss is None else float(loss)
         else:
             self.evals_without_improvement += 1
         return better
@@ -70,4 +85,5 @@ class BestTracker:
         if not data or data.get("metric") != metric:
             return cls(metric)
         return cls(metric=metric, value=data.get("value"), step=data.get("step"),
+                   loss=data.get("loss"),
                    evals_without_improvement=int(data.get("evals_without_improvement", 0)))

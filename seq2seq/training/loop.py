@@ -339,7 +339,8 @@ def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, p
                 t1 = time.perf_counter()
                 p.dev = evaluate_dev(state.params, graphdef, data, config)
                 p.eval_seconds += time.perf_counter() - t1
-                improved = p.best.update(p.dev[tcfg.best_metric], p.step)
+                window_start += time.perf_counter() - t1  # tokens/s counts training time only
+                improved = p.best.update(p.dev[tcfg.best_metric], p.step, loss=p.dev["loss"])
                 writer.write(p.step, "dev", {**p.dev, f"best_{tcfg.best_metric}": p.best.value})
                 tqdm.write(_dev_line(p.step, p.dev, p.best, improved))
                 if improved:
