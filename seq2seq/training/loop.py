@@ -455,8 +455,9 @@ def train(config: Config) -> dict[str, Any]:
     Writes ``test.hyp``, ``test.json`` (the summary below) and ``summary.md`` to the workdir.
 
     Returns:
-      A summary dict: ``step``, ``stopped``, last ``dev`` metrics, ``best`` (metric, value,
-      step), ``test_step`` (checkpoint decoded), ``test_bleu``/``test_chrf`` with signatures,
+      A summary dict: ``status`` (``finished``, ``early_stopping`` or ``max_seconds``),
+      ``step``, last ``dev`` metrics, ``best`` (metric, value, step, dev loss),
+      ``best_checkpoint``, ``test_step`` (checkpoint decoded), ``test_bleu``/``test_chrf`` with signatures,
       ``tokens_seen`` (real source+target tokens), ``train_seconds`` (all runs), this run's
       ``wall_seconds``, ``checkpoints``, ``examples``.
 
