@@ -1,4 +1,5 @@
-"""Command-line entry points: ``seq2seq-train``, ``seq2seq-evaluate``, ``seq2seq-translate``.
+"""Command-line entry points: ``seq2seq-train``, ``seq2seq-evaluate``, ``seq2seq-translate``,
+``seq2seq-average`` and ``seq2seq-plot``.
 
 The command line only wires modules together; every option maps to a config key.
 """
@@ -54,11 +55,18 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return _fail(str(e))
-    print(f"\nstep {summary['step']}: test BLEU {summary['test_bleu']:.2f}, chrF "
-          f"{summary['test_chrf']:.2f} on {summary['test_sentences']} sentences")
+    best = summary["best"]
+    status = {"finished": "", "early_stopping": " (stopped early)",
+              "max_seconds": " (train.max_seconds reached)"}.get(summary["status"], "")
+    value = "–" if best["value"] is None else f"{best['value']:.4g}"
+    print(f"\nstep {summary['step']}{status}: best dev {best['metric']} {value} at step {best['step']}")
+    print(f"test BLEU {summary['test_bleu']:.2f}, chrF {summary['test_chrf']:.2f} on "
+          f"{summary['test_sentences']} sentences (checkpoint of step {summary['test_step']})")
     print(f"  {summary['bleu_signature']}\n  {summary['chrf_signature']}")
-    print(f"  train {summary['train_seconds'] / 60:.1f} min, decode {summary['decode_seconds']:.0f} s, "
-          f"total {summary['wall_seconds'] / 60:.1f} min; outputs in {config.workdir}")
+    print(f"  train {summary['train_seconds'] / 60:.1f} min, dev evaluation "
+          f"{summary['eval_seconds'] / 60:.1f} min, test decode {summary['decode_seconds']:.0f} s, "
+          f"wall {summary['wall_seconds'] / 60:.1f} min; {summary['tokens_seen']:,} tokens seen")
+    print(f"  outputs in {config.workdir} (see summary.md)")
     print("\nexamples:")
     for ex in summary["examples"]:
         print(f"  SRC {ex['source']}\n  REF {ex['reference']}\n  HYP {ex['hypothesis']}\n")
@@ -294,4 +302,55 @@ def params_main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         return _fail(str(e))
     print(format_report(model_config, counts))
+    return 0
+
+
+def average_main(argv: Sequence[str] | None = None) -> int:
+    """``seq2seq-average --workdir DIR (--last N | --steps a,b,c) [--output OUT]``.
+
+    Averages checkpoint parameters into a new run directory usable by translate/evaluate.
+    """
+    parser = argparse.ArgumentParser(
+        prog="seq2seq-average", description="Average the parameters of several checkpoints of a "
+        "run into a new run directory (use it with seq2seq-translate/evaluate --workdir OUT).")
+    parser.add_argument("--workdir", required=True, help="run directory written by seq2seq-train")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--last", type=int, help="average the newest N checkpoints")
+    which.add_argument("--steps", help="comma-separated checkpoint steps, e.g. 1000,1500,2000")
+    parser.add_argument("--output", help="new run directory (default: WORKDIR/average)")
+    parser.add_argument("--overwrite", action="store_true", help="replace checkpoints in --output")
+    args = parser.parse_args(argv)
+    try:
+        steps = None if args.steps is None else [int(s) for s in args.steps.split(",") if s.strip()]
+    except ValueError:
+        return _fail(f"--steps must be comma-separated integers, got {args.steps!r}")
+    _setup_logging()
+    from seq2seq.workdir import average_checkpoints
+
+    output = args.output or str(Path(args.workdir) / "average")
+    try:
+        out, used = average_checkpoints(args.workdir, output, steps=steps, last=args.last,
+                                        overwrite=args.overwrite)
+    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
+        return _fail(str(e))
+    print(f"averaged checkpoints {used} of {args.workdir} into {out}")
+    print(f"  use it with: seq2seq-evaluate --workdir {out}")
+    return 0
+
+
+def plot_main(argv: Sequence[str] | None = None) -> int:
+    """``seq2seq-plot --workdir DIR [--output FILE]``: draw the run's curves to a PNG."""
+    parser = argparse.ArgumentParser(
+        prog="seq2seq-plot", description="Plot a run's train/dev loss, dev BLEU, learning rate "
+        "and gradient norm from metrics.jsonl to a PNG.")
+    parser.add_argument("--workdir", required=True, help="run directory written by seq2seq-train")
+    parser.add_argument("--output", help="PNG file (default: WORKDIR/curves.png)")
+    args = parser.parse_args(argv)
+    from seq2seq.plots import plot_run
+
+    try:
+        path = plot_run(args.workdir, args.output)
+    except (ValueError, FileNotFoundError) as e:
+        return _fail(str(e))
+    print(f"wrote {path}")
     return 0

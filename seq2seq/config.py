@@ -193,14 +193,32 @@ class TrainConfig:
     """Optimisation and the training loop.
 
     Attributes:
+      seed: seeds the initial parameters, the dropout keys and the data order.
       steps: total optimizer steps.
       learning_rate: peak learning rate, reached after ``warmup_steps`` (linear warmup), then
         decayed as ``lr · sqrt(warmup_steps / step)`` (Vaswani et al. 2017, eq. 3, rescaled).
       b1, b2, eps, weight_decay: AdamW (Loshchilov & Hutter 2019); decay skips biases/norms.
       clip_norm: global gradient-norm clip (0 disables).
       label_smoothing: ε of label-smoothed cross-entropy (Szegedy et al. 2016).
-      eval_every / checkpoint_every / log_every: intervals in steps.
-      keep_checkpoints: how many recent checkpoints orbax keeps.
+      grad_accum_steps: micro-batches per optimizer step; their gradients are summed and divided
+        by their total number of real target tokens, so one step sees ``grad_accum_steps ×
+        data.max_tokens`` tokens per side.
+      max_skipped_steps: stop with an error after this many optimizer steps in a row with a
+        non-finite loss or gradient (each is skipped; 0 = never stop).
+      eval_every / checkpoint_every / log_every: intervals in steps. Every ``eval_every`` steps
+        the dev split is scored (teacher-forced loss and accuracy, and BLEU if ``dev_bleu``).
+      dev_bleu: also decode dev sentences and score them with sacreBLEU at each evaluation.
+      bleu_subset: decode only the first N dev sentences for dev BLEU (0 = all of them).
+      bleu_beam_size: beam size for dev BLEU (1 = greedy; 0 = ``decode.beam_size``).
+      best_metric: ``bleu`` (dev BLEU, higher is better; needs ``dev_bleu``) or ``loss`` (dev
+        loss, lower is better): selects the best checkpoint and drives early stopping.
+      keep_checkpoints: how many recent checkpoints are kept.
+      keep_best: also keep the checkpoint with the best ``best_metric`` (a checkpoint is saved
+        at every evaluation that improves it).
+      patience: stop early after this many evaluations in a row without improving
+        ``best_metric`` (0 = never); the count is checkpointed, so it survives resume.
+      test_checkpoint: parameters decoded for the final test score: ``best`` (the best
+        checkpoint, if any) or ``last``.
       max_seconds: stop (and checkpoint) after this much training wall time (0 = no limit).
     """
 
@@ -214,10 +232,19 @@ class TrainConfig:
     weight_decay: float = 1e-4
     clip_norm: float = 1.0
     label_smoothing: float = 0.1
+    grad_accum_steps: int = 1
+    max_skipped_steps: int = 10
     eval_every: int = 500
     checkpoint_every: int = 500
     log_every: int = 50
+    dev_bleu: bool = True
+    bleu_subset: int = 500
+    bleu_beam_size: int = 1
+    best_metric: str = "bleu"
     keep_checkpoints: int = 3
+    keep_best: bool = True
+    patience: int = 0
+    test_checkpoint: str = "best"
     max_seconds: float = 0.0
 
 

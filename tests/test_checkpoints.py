@@ -43,3 +43,46 @@ def test_mismatched_architecture_is_a_clear_error(tmp_path):
     assert "wi" in msg and "(32, 64)" in msg and "(32, 48)" in msg
     assert "decoder_layers" in msg and "missing in checkpoint" in msg
     ck.close()
+
+
+def _leaves_equal(a, b):
+    return all(np.array_equal(np.asarray(x), np.asarray(y))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_keeps_last_k_and_the_best_across_reopening(tmp_path):
+    state = _state(tiny_config())
+    ck = Checkpointer(tmp_path / "ck", keep=2, best_mode="max", async_save=False)
+    bleu = {2: 5.0, 4: 9.0, 6: 7.0}
+    for step in range(1, 8):
+        ck.save(step, state, {"step": step}, metric=bleu.get(step))
+    assert ck.all_steps() == [4, 6, 7] and ck.best_step() == 4
+    ck.close()
+    ck = Checkpointer(tmp_path / "ck", keep=2, best_mode="max", async_save=False)
+    assert ck.best_step() == 4  # metrics are read back from disk
+    ck.save(8, state, {"step": 8}, metric=9.5)
+    ck.save(9, state, {"step": 9})
+    assert ck.all_steps() == [8, 9] and ck.best_step() == 8
+    assert ck.metadata(8) == {"step": 8}
+    ck.close()
+    low = Checkpointer(tmp_path / "low", keep=1, best_mode="min", async_save=False)
+    for step, loss in ((1, 3.0), (2, 2.0), (3, 2.5), (4, None)):
+        low.save(step, state, {}, metric=loss)
+    assert low.all_steps() == [2, 4] and low.best_step() == 2
+    low.close()
+    # equal metrics (a BLEU tie won on dev loss): the newer one is the best
+    tie = Checkpointer(tmp_path / "tie", keep=1, best_mode="max", async_save=False)
+    for step, value in ((1, 0.0), (2, 0.0), (3, None)):
+        tie.save(step, state, {}, metric=value)
+    assert tie.all_steps() == [2, 3] and tie.best_step() == 2
+    tie.close()
+
+
+def test_restore_of_a_missing_step_names_the_available_ones(tmp_path):
+    ck = Checkpointer(tmp_path / "ck", async_save=False)
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        ck.restore(jax.eval_shape(lambda: _state(tiny_config())))
+    ck.save(3, _state(tiny_config()), {})
+    with pytest.raises(CheckpointError, match=r"no checkpoint of step 5 .*available: \[3\]"):
+        ck.restore(jax.eval_shape(lambda: _state(tiny_config())), 5)
+    ck.close()

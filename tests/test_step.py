@@ -89,3 +89,36 @@ def test_non_finite_step_is_skipped():
     assert float(metrics["skipped"]) == 1.0 and int(new.skipped) == 1 and int(new.step) == 1
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(new.params)):
         np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_grad_accumulation_equals_one_step_on_the_concatenation():
+    # plain SGD with rate 1: the parameter change is exactly the (per-token) gradient
+    rng = np.random.default_rng(5)
+    micro = [unpacked_batch(*random_pairs(4, rng, lo=1, hi=9), 10) for _ in range(3)]
+    stacked = {k: jnp.stack([m[k] for m in micro]) for k in micro[0]}
+    concat = {k: jnp.concatenate([m[k] for m in micro]) for k in micro[0]}
+    assert stacked["tgt"].shape == (3, 4, 10) and concat["tgt"].shape == (12, 10)
+    tokens = [int((m["tgt_segments"] > 0).sum()) for m in micro]
+    assert len(set(tokens)) > 1  # unequal micro-batches: a mean of means would be wrong
+    small = tiny_config(num_encoder_layers=1, num_decoder_layers=1)
+    tx = optax.sgd(1.0)
+    graphdef, state = create_train_state(build_model(small, seed=0), tx, 0)
+    init = jax.tree.map(np.array, state.params)  # a copy: the state is donated
+    kw = dict(graphdef=graphdef, tx=tx, bos_id=BOS, label_smoothing=0.1)
+    copy = jax.tree.map(jnp.array, state)
+    acc, m_acc = train_step(state, stacked, **kw)
+    one, m_one = train_step(copy, concat, **kw)
+    for a, b in zip(jax.tree.leaves(acc.params), jax.tree.leaves(one.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+    assert float(m_acc["tokens"]) == float(m_one["tokens"]) == sum(tokens)
+    for k in ("loss", "nll", "correct", "grad_norm"):
+        np.testing.assert_allclose(float(m_acc[k]), float(m_one[k]), rtol=1e-5)
+    moved = max(float(np.abs(np.asarray(a) - b).max()) for a, b in
+                zip(jax.tree.leaves(acc.params), jax.tree.leaves(init)))
+    assert moved > 1e-3  # the step did change the parameters
+
+
+def test_make_optimizer_is_memoised_on_the_optimizer_settings():
+    # one compiled step serves runs that differ only in e.g. their length
+    assert make_optimizer(TrainConfig(steps=10)) is make_optimizer(TrainConfig(steps=20))
+    assert make_optimizer(TrainConfig(learning_rate=1e-3)) is not make_optimizer(TrainConfig())

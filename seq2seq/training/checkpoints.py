@@ -1,25 +1,44 @@
 """Checkpoints with orbax-checkpoint: train state + JSON bookkeeping, saved atomically.
 
-Layout: ``workdir/checkpoints/<step>/{state,meta}``. Orbax writes each step into a temporary
-directory and renames it when complete, so a crash mid-save leaves the previous checkpoint
-intact and the half-written one is ignored. No pickle is used: arrays go to tensorstore/zarr,
-bookkeeping to JSON.
+Layout: ``workdir/checkpoints/<step>/{state,meta[,metrics]}``. Orbax writes each step into a
+temporary directory (``<step>.orbax-checkpoint-tmp-*``) and renames it when complete, so a crash
+mid-save leaves the previous checkpoint intact and the half-written one is ignored (the training
+process removes it when it starts again, ``cleanup_tmp``). No pickle is used: arrays go to tensorstore/zarr, bookkeeping to JSON.
+
+Retention: the last ``keep`` checkpoints, plus (with ``best_mode``) the one whose ``metric``
+is best, through orbax preservation policies. Arrays are restored onto the current devices
+whatever the device count or mesh they were saved from.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
+import time
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as ocm
 
 log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be restored into the current model; the message lists why."""
+
+
+def _placed(abstract_state: Any) -> Any:
+    """``abstract_state`` as ShapeDtypeStructs, each with a sharding (default: first device)."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+    def leaf(x):
+        sharding = getattr(x, "sharding", None)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding or device)
+
+    return jax.tree.map(leaf, abstract_state)
 
 
 def _path(keys) -> str:
@@ -35,52 +54,144 @@ def _path(keys) -> str:
     return ".".join(parts)
 
 
+# Test hook (crash-safety tests only): the save of this step holds its temporary directory open
+# (after writing part of it) for an hour, so a test can kill the process mid-save for certain.
+HANG_SAVE_ENV = "SEQ2SEQ_TEST_HANG_SAVE_STEP"
+HANG_MARKER = "hang_marker"
+
+
+class _HangHandler(ocp.JsonCheckpointHandler):
+    """Writes its JSON item (file ``HANG_MARKER``), then sleeps inside the save (see ``HANG_SAVE_ENV``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(HANG_MARKER)
+
+    async def _save_fn(self, x, directory):
+        await super()._save_fn(x, directory)
+        log.warning("test hook %s: holding the save of step %s open", HANG_SAVE_ENV, x.get("step"))
+        time.sleep(3600)
+
+
+@ocp.args.register_with_handler(_HangHandler, for_save=True)
+class _HangSave(ocp.args.JsonSave):
+    """Save arguments of the test hook item."""
+
+
+@ocp.args.register_with_handler(_HangHandler, for_restore=True)
+class _HangRestore(ocp.args.JsonRestore):
+    """Restore arguments of the test hook item (orbax wants both directions registered)."""
+
+
+class _QuietOrbax(logging.Filter):
+    """Drops two orbax warnings that are expected here: saves without a metric while the best
+    checkpoint is tracked, and items skipped when only the metadata tree is read."""
+
+    EXPECTED = ("did not provide metrics", "was found in the checkpoint, but could not be restored")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in self.EXPECTED)
+
+
+logging.getLogger("absl").addFilter(_QuietOrbax())
+
+
 class Checkpointer:
     """Save and restore ``(TrainState, metadata)`` pairs under ``directory``.
 
     Args:
       directory: where step folders live (created if missing).
-      keep: number of most recent checkpoints to keep.
+      keep: number of most recent checkpoints to keep (0 or None = keep all).
+      best_mode: ``max`` or ``min`` to also keep the checkpoint with the best ``metric`` passed
+        to ``save`` (checkpoints saved without one compete only as recent ones); None = last
+        ``keep`` only.
       async_save: write in a background thread (orbax async checkpointing).
+      cleanup_tmp: delete half-written checkpoints left by a crash (only the process that writes
+        checkpoints may do this: a reader would delete a save in progress).
     """
 
-    def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True):
+    def __init__(self, directory: str | Path, *, keep: int | None = 3, best_mode: str | None = None,
+                 async_save: bool = True, cleanup_tmp: bool = False):
+        if best_mode not in (None, "max", "min"):
+            raise ValueError(f"best_mode must be None, 'max' or 'min', got {best_mode!r}")
         self.directory = Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                               enable_async_checkpointing=async_save)
+        self.best_mode = best_mode
+        policies: list[Any] = [ocm.LatestN(keep or None)]
+        if best_mode is not None:
+            policies.append(ocm.BestN(get_metric_fn=self._metric, reverse=best_mode == "min", n=1,
+                                      keep_checkpoints_without_metrics=False))
+        options = ocp.CheckpointManagerOptions(
+            create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=cleanup_tmp,
+            preservation_policy=ocm.AnyPreservationPolicy(policies),
+            best_fn=self._metric if best_mode else None, best_mode=best_mode or "max")
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def _metric(self, metrics: dict[str, Any]) -> float:
+        worst = -math.inf if self.best_mode == "max" else math.inf
+        value = metrics.get("value") if isinstance(metrics, dict) else None
+        return worst if value is None else float(value)
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step, or None."""
         return self.manager.latest_step()
 
+    def best_step(self) -> int | None:
+        """The kept checkpoint with the best metric (None without ``best_mode`` or metrics)."""
+        if self.best_mode is None:
+            return None
+        with_metric = [s for s in self.all_steps() if self.manager.metrics(s) is not None]
+        return self.manager.best_step() if with_metric else None
+
     def all_steps(self) -> list[int]:
         """Steps of all complete checkpoints, ascending."""
         return sorted(self.manager.all_steps())
 
-    def save(self, step: int, state: Any, metadata: dict[str, Any]) -> None:
-        """Start saving ``state`` (a pytree of arrays) and JSON ``metadata`` as ``step``."""
-        self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(metadata)), force=True)
+    def save(self, step: int, state: Any, metadata: dict[str, Any], *,
+             metric: float | None = None) -> None:
+        """Start saving ``state`` (a pytree of arrays) and JSON ``metadata`` as ``step``.
+
+        Args:
+          step: the checkpoint's name (orbax refuses a step that already exists).
+          state: pytree of arrays (any sharding).
+          metadata: JSON-serialisable bookkeeping, returned by ``restore``.
+          metric: the value ranked by ``best_mode`` (e.g. dev BLEU); None = not a candidate.
+        """
+        items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(metadata))
+        if os.environ.get(HANG_SAVE_ENV) == str(step):
+            items["test_hang"] = _HangSave({"step": step})
+        metrics = None if metric is None or self.best_mode is None else {"value": float(metric)}
+        self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
 
     def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """Restore ``(state, metadata)`` of ``step`` (default: latest).
 
+        Arrays come back on ``abstract_state``'s shardings, or on this process's first device
+        where it has none, whatever the device count or mesh they were saved from.
+
         Args:
           abstract_state: a pytree of ``jax.ShapeDtypeStruct`` (or arrays) giving the expected
-            structure, shapes, dtypes and shardings (e.g. ``jax.eval_shape`` of the init).
+            structure, shapes, dtypes and (optionally) shardings, e.g. ``jax.eval_shape`` of
+            the init.
+          step: the checkpoint to restore; None = the latest.
 
         Raises:
-          CheckpointError: no checkpoint exists, or its parameters do not match the model
-            (the message lists missing, unexpected and reshaped entries).
+          CheckpointError: no checkpoint exists (or not ``step``), or its parameters do not
+            match the model (the message lists missing, unexpected and reshaped entries).
         """
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
+        if step not in self.manager.all_steps():
+            raise CheckpointError(f"no checkpoint of step {step} in {self.directory}; "
+                                  f"available: {self.all_steps()}")
         self._check_compatible(abstract_state, step)
         restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+            state=ocp.args.StandardRestore(_placed(abstract_state)), meta=ocp.args.JsonRestore()))
         return restored["state"], dict(restored["meta"])
+
+    def metadata(self, step: int) -> dict[str, Any]:
+        """The JSON bookkeeping of checkpoint ``step`` without reading its arrays."""
+        restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(restored["meta"])
 
     def _check_compatible(self, abstract_state: Any, step: int) -> None:
         try:

@@ -2,7 +2,9 @@
 
 The model's graph definition is static; its parameters live in ``TrainState`` as an
 ``nnx.State`` pytree, so the steps are plain functions of arrays (Flax WMT style). Dropout keys
-are ``fold_in(state.rng, step)``: a resumed run draws exactly the randomness it would have.
+are ``fold_in(fold_in(state.rng, step), micro_batch)``: a resumed run draws exactly the
+randomness it would have. A step may accumulate gradients over several micro-batches
+(``jax.lax.scan``), normalising once by their total number of real target tokens.
 """
 
 from __future__ import annotations
@@ -60,7 +62,20 @@ def _decay_mask(params: Any) -> Any:
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """AdamW (Loshchilov & Hutter 2019) with the schedule above and global-norm clipping."""
+    """AdamW (Loshchilov & Hutter 2019) with the schedule above and global-norm clipping.
+
+    Memoised on the optimizer's own settings: the transformation is a static argument of the
+    jitted step, so configs that differ elsewhere (e.g. ``steps``) reuse one compiled step
+    within a process.
+    """
+    return _optimizer(config.learning_rate, config.warmup_steps, config.b1, config.b2, config.eps,
+                      config.weight_decay, config.clip_norm)
+
+
+@functools.lru_cache(maxsize=16)
+def _optimizer(learning_rate, warmup_steps, b1, b2, eps, weight_decay, clip_norm):
+    config = TrainConfig(learning_rate=learning_rate, warmup_steps=warmup_steps, b1=b1, b2=b2,
+                         eps=eps, weight_decay=weight_decay, clip_norm=clip_norm)
     parts = []
     if config.clip_norm > 0:
         parts.append(optax.clip_by_global_norm(config.clip_norm))
@@ -106,13 +121,50 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
 
 
 def _forward(params, graphdef, batch, bos_id, label_smoothing, dropout_key):
+    """Summed loss of one ``[rows, len]`` batch and its metric sums (the value to differentiate)."""
     model = nnx.merge(graphdef, params)
     rngs = None if dropout_key is None else nnx.Rngs(dropout=dropout_key)
     logits = model(batch, bos_id=bos_id, deterministic=rngs is None, rngs=rngs)
     weights = batch["tgt_segments"] > 0
     loss, nll, correct = cross_entropy(logits, batch["tgt"], weights, label_smoothing)
     tokens = jnp.sum(weights.astype(jnp.float32))
-    return loss / jnp.maximum(tokens, 1.0), (loss, nll, correct, tokens)
+    return loss, dict(loss=loss, nll=nll, correct=correct, tokens=tokens)
+
+
+def accumulate_gradients(params: Any, batch: dict[str, jax.Array], dropout_key: jax.Array, *,
+                         graphdef: nnx.GraphDef, bos_id: int,
+                         label_smoothing: float) -> tuple[Any, Metrics]:
+    """Gradient of the per-token loss over all micro-batches of ``batch``.
+
+    The micro-batches are visited with ``jax.lax.scan`` (one at a time in memory); the gradients
+    of their *summed* losses are added and divided once by the total number of real target
+    tokens, so k micro-batches give the gradient of one batch made of their concatenation.
+
+    Args:
+      params: the model's ``nnx.Param`` state.
+      batch: int32 arrays ``[accum, rows, max_len]`` (see ``seq2seq.data.batching``).
+      dropout_key: typed PRNG key of this step; micro-batch i uses ``fold_in(key, i)``.
+      graphdef, bos_id, label_smoothing: static configuration.
+
+    Returns:
+      (gradient, float32 metric sums ``loss``, ``nll``, ``correct``, ``tokens`` over all
+      micro-batches). The gradient is float32 like ``params``.
+    """
+    accum = batch["tgt"].shape[0]
+    grad_fn = jax.grad(_forward, has_aux=True)
+
+    def body(carry, xs):
+        grad_sum, sums = carry
+        index, micro = xs
+        grads, metrics = grad_fn(params, graphdef, micro, bos_id, label_smoothing,
+                                 jax.random.fold_in(dropout_key, index))
+        return (jax.tree.map(jnp.add, grad_sum, grads), jax.tree.map(jnp.add, sums, metrics)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    sums0 = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "tokens")}
+    (grad_sum, sums), _ = jax.lax.scan(body, (zeros, sums0), (jnp.arange(accum), batch))
+    scale = 1.0 / jnp.maximum(sums["tokens"], 1.0)
+    return jax.tree.map(lambda g: g * scale, grad_sum), sums
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "tx", "bos_id", "label_smoothing"),
@@ -120,34 +172,39 @@ def _forward(params, graphdef, batch, bos_id, label_smoothing, dropout_key):
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef,
                tx: optax.GradientTransformation, bos_id: int,
                label_smoothing: float) -> tuple[TrainState, Metrics]:
-    """One optimizer step on a packed batch (teacher forcing, loss averaged over real tokens).
+    """One optimizer step (teacher forcing, loss averaged over the real target tokens).
+
+    ``batch`` may hold several micro-batches (gradient accumulation, see
+    ``accumulate_gradients``): the step then equals one step on their concatenation.
 
     A step whose loss or gradient norm is not finite leaves parameters and optimizer state
-    unchanged and increments ``state.skipped`` (reset to 0 by the next good step).
+    unchanged and increments ``state.skipped`` (reset to 0 by the next good step); ``step``
+    advances either way.
 
     Args:
       state: current TrainState (donated).
-      batch: int32 ``[rows, max_len]`` arrays, see ``seq2seq.data.batching``.
+      batch: int32 arrays ``[rows, max_len]`` (one batch) or ``[accum, rows, max_len]``
+        (``accum`` micro-batches), see ``seq2seq.data.batching``.
       graphdef, tx, bos_id, label_smoothing: static configuration.
 
     Returns:
-      The new state and float32 metric sums: ``loss``, ``nll``, ``correct``, ``tokens``,
-      ``grad_norm`` (before clipping), ``skipped`` (1.0 if this step was skipped).
+      The new state and float32 metrics: sums ``loss``, ``nll``, ``correct``, ``tokens`` over
+      all micro-batches, ``grad_norm`` (global L2 norm of the per-token gradient, before
+      clipping), ``skipped`` (1.0 if this step was skipped).
     """
+    batch = {k: v[None] if v.ndim == 2 else v for k, v in batch.items()}
     dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    grad_fn = jax.value_and_grad(_forward, has_aux=True)
-    (_, (loss, nll, correct, tokens)), grads = grad_fn(
-        state.params, graphdef, batch, bos_id, label_smoothing, dropout_key)
+    grads, sums = accumulate_gradients(state.params, batch, dropout_key, graphdef=graphdef,
+                                       bos_id=bos_id, label_smoothing=label_smoothing)
     grad_norm = optax.tree_utils.tree_norm(grads)
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    ok = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
     new_state = state.replace(step=state.step + 1, params=keep(new_params, state.params),
                               opt_state=keep(new_opt_state, state.opt_state),
                               skipped=jnp.where(ok, 0, state.skipped + 1))
-    metrics = dict(loss=loss, nll=nll, correct=correct, tokens=tokens, grad_norm=grad_norm,
-                   skipped=(~ok).astype(jnp.float32))
+    metrics = dict(sums, grad_norm=grad_norm, skipped=(~ok).astype(jnp.float32))
     return new_state, metrics
 
 
@@ -155,5 +212,4 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, graphdef: nnx.
 def eval_step(params: Any, batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef, bos_id: int,
               label_smoothing: float) -> Metrics:
     """Teacher-forced loss sums on one batch without dropout: ``loss``, ``nll``, ``correct``, ``tokens``."""
-    _, (loss, nll, correct, tokens) = _forward(params, graphdef, batch, bos_id, label_smoothing, None)
-    return dict(loss=loss, nll=nll, correct=correct, tokens=tokens)
+    return _forward(params, graphdef, batch, bos_id, label_smoothing, None)[1]

@@ -1,0 +1,300 @@
+"""Resume: bitwise-exact continuation, patience across restarts, divergence, preemption, crashes,
+other device counts, a self-describing pickle-free run directory."""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from seq2seq import cli
+from seq2seq.config import ConfigError, TokenizerConfig, load_config
+from seq2seq.data.tokenizer import train_or_load
+from seq2seq.training.checkpoints import HANG_MARKER, HANG_SAVE_ENV, Checkpointer
+from seq2seq.training.loop import TrainingDiverged, check_train_config, fit, prepare_run
+from seq2seq.training.metrics import read_metrics
+from seq2seq.workdir import abstract_train_state, checkpoint_dir, checkpoint_steps, load_trained
+from tiny_run import (ROOT, assert_trees_equal, cli_env, run, tiny_config, tiny_overrides,
+                      train_command, write_corpus)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A 400-pair corpus and one shared SentencePiece model (so every run tokenizes alike)."""
+    d = tmp_path_factory.mktemp("corpus")
+    paths = write_corpus(d)
+    sentences = []
+    for lang in ("en", "es"):
+        sentences += (d / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+    train_or_load(sentences, TokenizerConfig(vocab_size=200), d / "spm")
+    paths["spm"] = str(d / "spm" / "spm.model")
+    return paths
+
+
+def _config(corpus, workdir, *extra):
+    return tiny_config(corpus, workdir, f"tokenizer.model_file={corpus['spm']}", *extra)
+
+
+def _fit(corpus, workdir, *extra):
+    config, data = prepare_run(_config(corpus, workdir, *extra))
+    return fit(config, data)
+
+
+@pytest.mark.slow
+def test_resume_is_bitwise_exact(corpus, tmp_path):
+    # dropout on, 2 micro-batches per step, an evaluation at the interruption point
+    extra = ("train.grad_accum_steps=2", "train.eval_every=3")
+    whole = _fit(corpus, tmp_path / "whole", "train.steps=6", *extra)
+    first = _fit(corpus, tmp_path / "split", "train.steps=3", *extra)
+    assert int(first.state.step) == 3 and checkpoint_steps(tmp_path / "split") == [3]
+    resumed = _fit(corpus, tmp_path / "split", "train.steps=6", *extra)
+
+    assert int(whole.state.step) == int(resumed.state.step) == 6
+    assert_trees_equal(whole.state.params, resumed.state.params)
+    assert_trees_equal(whole.state.opt_state, resumed.state.opt_state)
+    assert_trees_equal(whole.state.rng, resumed.state.rng)
+    # the data position, counters and best/patience bookkeeping continue too
+    for key in ("micro_batches", "tokens_seen", "target_tokens_seen", "dev", "best"):
+        assert getattr(whole.progress, key) == getattr(resumed.progress, key), key
+    assert resumed.progress.micro_batches == 12 and resumed.progress.tokens_seen > 0
+    # and what is on disk is what was in memory
+    config = load_config(tmp_path / "split" / "config.yaml")
+    ck = Checkpointer(checkpoint_dir(tmp_path / "split"))
+    restored, meta = ck.restore(abstract_train_state(config)[1], 6)
+    ck.close()
+    assert_trees_equal(whole.state.params, restored.params)
+    assert meta["step"] == 6 and meta["data_epoch"] == 0
+    # the interrupted run's train records are not duplicated by the resumed one
+    steps = [r["step"] for r in read_metrics(tmp_path / "split") if r["split"] == "train"]
+    assert steps == [2, 3, 4, 6]
+
+
+@pytest.mark.slow
+def test_patience_survives_resume(corpus, tmp_path):
+    # learning rate 0: the dev loss never improves after the first evaluation
+    extra = ("train.learning_rate=0", "train.eval_every=1", "train.patience=3")
+    first = _fit(corpus, tmp_path / "run", "train.steps=2", *extra)
+    assert first.stopped == "finished"
+    assert first.best.step == 1 and first.best.evals_without_improvement == 1
+    resumed = _fit(corpus, tmp_path / "run", "train.steps=10", *extra)
+    # evaluations at 3 and 4 bring the count to 3: stopped at 4, as an uninterrupted run would
+    assert resumed.stopped == "early_stopping" and int(resumed.state.step) == 4
+    assert resumed.best.step == 1 and resumed.best.evals_without_improvement == 3
+    assert resumed.best_checkpoint == 1 and 1 in resumed.checkpoints and 4 in resumed.checkpoints
+    whole = _fit(corpus, tmp_path / "whole", "train.steps=10", *extra)
+    assert whole.stopped == "early_stopping" and int(whole.state.step) == 4
+
+
+@pytest.mark.slow
+def test_best_checkpoint_is_kept_and_tested(corpus, tmp_path):
+    # keep only the last checkpoint; the best by dev loss must survive beside it
+    extra = ("train.eval_every=2", "train.checkpoint_every=2", "train.keep_checkpoints=1",
+             "train.learning_rate=3e-3")
+    result = _fit(corpus, tmp_path / "run", "train.steps=8", *extra)
+    dev = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "run") if r["split"] == "dev"}
+    best_step = min(dev, key=dev.get)
+    assert result.best.step == best_step and result.best.value == pytest.approx(dev[best_step])
+    assert checkpoint_steps(tmp_path / "run") == sorted({best_step, 8})
+    assert result.test_step == best_step
+
+
+def test_invalid_train_settings_are_config_errors(corpus, tmp_path):
+    bad = {"train.grad_accum_steps=0": "train.grad_accum_steps",
+           "train.best_metric=accuracy": "train.best_metric",
+           "train.dev_bleu=false train.best_metric=bleu": "dev_bleu",
+           "train.test_checkpoint=first": "train.test_checkpoint"}
+    for overrides, key in bad.items():
+        with pytest.raises(ConfigError, match=key):
+            check_train_config(_config(corpus, tmp_path, *overrides.split()))
+
+
+def test_stops_after_max_skipped_steps(corpus, tmp_path):
+    # an absurd learning rate blows the parameters up; every later step is non-finite
+    with pytest.raises(TrainingDiverged) as err:
+        _fit(corpus, tmp_path / "run", "train.steps=40", "train.learning_rate=1e30",
+             "train.max_skipped_steps=3", "train.clip_norm=0")
+    step = err.value.step
+    assert step < 40
+    assert f"stopped at step {step}: steps {step - 2}..{step} (3 in a row" in str(err.value)
+    assert "no checkpoint was saved" in str(err.value)
+
+
+def _no_pickle(directory):
+    """Files that look like pickles: a pickle suffix, or protocol 2-5 header and STOP byte."""
+    found = []
+    for p in directory.rglob("*"):
+        if not p.is_file():
+            continue
+        head = p.read_bytes()[:2]
+        tail = p.read_bytes()[-1:] if p.stat().st_size else b""
+        if p.suffix in (".pkl", ".pickle", ".pt", ".npy") or (
+                len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5 and tail == b"."):
+            found.append(p)
+    return found
+
+
+def _wait_for(predicate, timeout, proc, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}:\n{err[-3000:]}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_and_the_same_command_resumes_exactly(corpus, tmp_path):
+    workdir = tmp_path / "run"
+    overrides = tiny_overrides(corpus, workdir, f"tokenizer.model_file={corpus['spm']}",
+                               "train.steps=150", "train.eval_every=50", "train.checkpoint_every=50",
+                               "decode.test_limit=3")
+    proc = subprocess.Popen(train_command(overrides), env=cli_env(), cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for(lambda: any(r["split"] == "train" and r["step"] >= 4 for r in read_metrics(workdir)),
+              240, proc, "the first training steps")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    stopped = int(re.search(r"interrupted at step (\d+); checkpoint saved, rerun the same command", err)[1])
+    assert 4 <= stopped < 150 and checkpoint_steps(workdir)[-1] == stopped
+    assert "received SIGTERM" in err
+    assert f"Status: interrupted at step {stopped}" in (workdir / "summary.md").read_text()
+
+    again = run(train_command(overrides), cli_env())
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from step {stopped}" in again.stderr
+    assert "test BLEU" in again.stdout and "tokens seen" in again.stdout
+    summary = json.loads((workdir / "test.json").read_text())
+    assert summary["step"] == 150 and summary["status"] == "finished"
+    steps = [r["step"] for r in read_metrics(workdir) if r["split"] == "train"]
+    assert steps == sorted(set(steps)) and steps[-1] == 150
+
+    # bitwise equal to an uninterrupted run (in this process)
+    whole = _fit(corpus, tmp_path / "whole", "train.steps=150", "train.eval_every=50",
+                 "train.checkpoint_every=50")
+    config = load_config(workdir / "config.yaml")
+    ck = Checkpointer(checkpoint_dir(workdir))
+    final, meta = ck.restore(abstract_train_state(config)[1], 150)
+    ck.close()
+    assert_trees_equal(whole.state.params, final.params)
+    assert_trees_equal(whole.state.opt_state, final.opt_state)
+    assert meta["tokens_seen"] == whole.progress.tokens_seen
+
+    # the run directory describes itself and holds no pickle
+    text = (workdir / "summary.md").read_text()
+    for needle in ("Status: finished at step 150", "best dev loss", "test BLEU", "tokens seen",
+                   "## Checkpoints", "| 150 |", "## Config", "model_file", "`metrics.jsonl`"):
+        assert needle in text, needle
+    assert (workdir / "tensorboard").is_dir() and (workdir / "train.log").is_file()
+    assert _no_pickle(workdir) == []
+
+    # an average of the last two checkpoints is a run directory evaluate can use
+    assert cli.average_main(["--workdir", str(workdir), "--last", "2"]) == 0
+    assert cli.evaluate_main(["--workdir", str(workdir / "average"), "--src", corpus["test"] + ".en",
+                              "--ref", corpus["test"] + ".es"]) == 0
+    assert _no_pickle(workdir) == []
+
+
+@pytest.mark.slow
+def test_kill_during_save_keeps_last_checkpoint(corpus, tmp_path):
+    workdir = tmp_path / "run"
+    overrides = tiny_overrides(corpus, workdir, f"tokenizer.model_file={corpus['spm']}",
+                               "train.steps=12", "train.checkpoint_every=4", "decode.test_limit=2")
+    proc = subprocess.Popen(train_command(overrides), env=cli_env(**{HANG_SAVE_ENV: "8"}), cwd=ROOT,
+                            text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ckdir = checkpoint_dir(workdir)
+    _wait_for(lambda: any(ckdir.rglob(HANG_MARKER)), 240, proc, "the save of step 8 to start")
+    # the save of step 8 is half-written in its temporary folder; 4 is the last complete one
+    assert [p.name for p in ckdir.iterdir() if p.name.startswith("8.orbax-checkpoint-tmp")]
+    assert checkpoint_steps(workdir) == [4]
+    proc.kill()
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+    config = load_config(workdir / "config.yaml")
+    ck = Checkpointer(ckdir)
+    assert ck.all_steps() == [4]
+    state, meta = ck.restore(abstract_train_state(config)[1])
+    ck.close()
+    assert int(state.step) == 4 and meta["micro_batches"] == 4
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
+
+    again = run(train_command(overrides), cli_env())
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from step 4" in again.stderr
+    assert checkpoint_steps(workdir) == [4, 8, 12]
+    assert not [p for p in ckdir.iterdir() if "tmp" in p.name]  # the torn save was cleaned up
+    _, _, _, params = load_trained(workdir)
+    assert jax.tree.structure(params) == jax.tree.structure(state.params)
+
+
+EIGHT_DEVICES = textwrap.dedent("""
+    import json, sys
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from seq2seq.config import load_config
+    from seq2seq.data.pipeline import prepare
+    from seq2seq.training.checkpoints import Checkpointer
+    from seq2seq.training.loop import train_batch
+    from seq2seq.training.step import make_optimizer, train_step
+    from seq2seq.workdir import abstract_train_state, checkpoint_dir
+
+    assert jax.device_count() == 8
+    workdir = sys.argv[1]
+    config = load_config(workdir + "/config.yaml")
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    spec = lambda x: P("data") if x.ndim and x.shape[0] % 8 == 0 else P()
+    graphdef, abstract = abstract_train_state(config)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=NamedSharding(mesh, spec(x))), abstract)
+    ck = Checkpointer(checkpoint_dir(workdir))
+    state, meta = ck.restore(abstract)
+    data = prepare(config, workdir, need_test=False)
+    batch = train_batch(data.train, meta["micro_batches"], 1)
+    batch = {k: jax.device_put(v, NamedSharding(mesh, P(None, "data"))) for k, v in batch.items()}
+    state, m = train_step(state, batch, graphdef=graphdef, tx=make_optimizer(config.train),
+                          bos_id=data.tokenizer.bos_id, label_smoothing=config.train.label_smoothing)
+    step = int(state.step)
+    ck.save(step, state, {**meta, "step": step, "micro_batches": meta["micro_batches"] + 1})
+    ck.close()
+    devices = max(len(x.sharding.device_set) for x in jax.tree.leaves(state.params))
+    total = sum(float(abs(x).sum()) for x in jax.tree.leaves(state.params))
+    print(json.dumps({"step": step, "devices": devices, "abs_sum": total, "loss": float(m["loss"])}))
+""")
+
+
+@pytest.mark.slow
+def test_checkpoint_from_8_devices_restores_on_1_and_continues(corpus, tmp_path):
+    workdir = tmp_path / "run"
+    _fit(corpus, workdir, "train.steps=2")
+    proc = run([sys.executable, "-c", EIGHT_DEVICES, str(workdir)],
+               cli_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["step"] == 3 and report["devices"] == 8 and np.isfinite(report["loss"])
+    assert jax.device_count() == 1
+
+    config = load_config(workdir / "config.yaml")
+    ck = Checkpointer(checkpoint_dir(workdir))
+    state, _ = ck.restore(abstract_train_state(config)[1])
+    ck.close()
+    assert int(state.step) == 3
+    leaf = jax.tree.leaves(state.params)[0]
+    assert len(leaf.sharding.device_set) == 1
+    total = sum(float(abs(x).sum()) for x in jax.tree.leaves(state.params))
+    assert total == pytest.approx(report["abs_sum"], rel=1e-6)
+
+    resumed = _fit(corpus, workdir, "train.steps=5")
+    assert int(resumed.state.step) == 5 and resumed.progress.micro_batches == 5
+    losses = [r["loss"] for r in read_metrics(workdir) if r["split"] == "train" and r["step"] == 4]
+    assert losses and np.isfinite(losses[-1])

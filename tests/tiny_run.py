@@ -1,0 +1,80 @@
+"""Helpers for tests that run the real training loop on a tiny corpus and a tiny model."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from seq2seq.config import Config, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data" / "tatoeba-en-es"
+
+
+def write_corpus(directory: Path, train: int = 400, dev: int = 16, test: int = 6) -> dict[str, str]:
+    """Slices of the shipped Tatoeba training split as text files; returns path prefixes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = {}
+    for lang in ("en", "es"):
+        with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines[lang] = f.read().split("\n")[: train + dev + test]
+    out = {}
+    for name, start, count in (("train", 0, train), ("dev", train, dev), ("test", train + dev, test)):
+        for lang in ("en", "es"):
+            (directory / f"{name}.{lang}").write_text(
+                "\n".join(lines[lang][start:start + count]) + "\n", encoding="utf-8")
+        out[name] = str(directory / name)
+    return out
+
+
+def tiny_overrides(corpus: dict[str, str], workdir: Path, *extra: str) -> list[str]:
+    """Overrides for a ~20k-parameter model on ``corpus`` (later ``extra`` keys win)."""
+    return [
+        f"workdir={workdir}", f"data.train.path={corpus['train']}", f"data.dev.path={corpus['dev']}",
+        f"data.test.path={corpus['test']}", "data.max_len=32", "data.max_tokens=256",
+        "tokenizer.vocab_size=200", "model.d_model=16", "model.num_heads=2", "model.d_ff=32",
+        "model.num_encoder_layers=1", "model.num_decoder_layers=1", "model.dropout_rate=0.1",
+        "train.warmup_steps=4", "train.log_every=2", "train.eval_every=1000",
+        "train.checkpoint_every=1000", "train.dev_bleu=false", "train.best_metric=loss",
+        "decode.beam_size=1", "decode.max_len_a=1.0", "decode.max_len_b=4", *extra]
+
+
+def tiny_config(corpus: dict[str, str], workdir: Path, *extra: str) -> Config:
+    """``tiny_overrides`` as a Config."""
+    return load_config(None, tiny_overrides(corpus, workdir, *extra))
+
+
+def assert_trees_equal(a, b) -> None:
+    """Bitwise equality of two pytrees of arrays (same structure)."""
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    assert len(la) > 0
+    for x, y in zip(la, lb):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """Environment for ``seq2seq-*`` subprocesses: CPU, this checkout importable."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), **extra)
+    env.pop("XLA_FLAGS", None)
+    env.update({k: v for k, v in extra.items()})
+    return env
+
+
+def train_command(overrides: list[str]) -> list[str]:
+    """``seq2seq-train`` as a subprocess command line, through this interpreter."""
+    return [sys.executable, "-c", "import sys; from seq2seq.cli import train_main; "
+            "sys.exit(train_main(sys.argv[1:]))", *overrides]
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``cmd`` to completion, capturing text output."""
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
