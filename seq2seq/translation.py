@@ -46,12 +46,19 @@ class Translator:
       tokenizer: the run's SentencePiece tokenizer (gives PAD/BOS/EOS ids).
       config: decoding options (beam size, α, length limits, token budget).
       max_src_len: longer sources are truncated (with a warning naming the line).
+      partitioner: decode over a device mesh (``seq2seq.sharding.Partitioner``): parameters
+        sharded by the rules, sentences split over ``data × fsdp`` (batches rounded up to a
+        multiple of it), results replicated. None: one device.
     """
 
     def __init__(self, graphdef: Any, params: Any, tokenizer: Tokenizer, config: DecodeConfig,
-                 max_src_len: int = 256):
+                 max_src_len: int = 256, partitioner: Any = None):
         self.graphdef, self.params = graphdef, params
         self.tokenizer, self.config, self.max_src_len = tokenizer, config, max_src_len
+        self.partitioner = partitioner
+        if partitioner is not None:
+            self._param_shardings = partitioner.shardings(params)
+            self.params = partitioner.place(params)
 
     def translate(self, lines: Sequence[str], *, nbest: int = 1, progress: bool = False) -> list[
             list[Hypothesis]]:
@@ -81,6 +88,8 @@ class Translator:
         while start < len(todo):
             width = bucket_length(todo[start][0], self.max_src_len)
             rows = max(1, cfg.max_tokens // width)
+            if self.partitioner is not None:  # whole rows per device
+                rows = -(-rows // self.partitioner.batch_shards) * self.partitioner.batch_shards
             chunk = [t for t in todo[start:start + rows] if t[0] <= width]
             start += len(chunk)
             self._decode_chunk(chunk, width, rows, nbest, results)
@@ -97,11 +106,16 @@ class Translator:
             lengths[r] = n
         max_len = int(cfg.max_len_a * width + cfg.max_len_b)
         max_lengths = np.minimum(np.ceil(cfg.max_len_a * lengths + cfg.max_len_b), max_len)
-        out = beam_search_jit(
-            self.params, jnp.asarray(src), jnp.asarray((src != tok.pad_id).astype(np.int32)),
-            jnp.asarray(max_lengths.astype(np.int32)), graphdef=self.graphdef,
-            beam_size=cfg.beam_size, max_len=max_len, alpha=cfg.alpha, bos_id=tok.bos_id,
-            eos_id=tok.eos_id, pad_id=tok.pad_id, length_penalty_kind=cfg.length_penalty)
+        inputs = (src, (src != tok.pad_id).astype(np.int32), max_lengths.astype(np.int32))
+        static = dict(graphdef=self.graphdef, beam_size=cfg.beam_size, max_len=max_len,
+                      alpha=cfg.alpha, bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                      length_penalty_kind=cfg.length_penalty)
+        if self.partitioner is None:
+            out = beam_search_jit(self.params, *map(jnp.asarray, inputs), **static)
+        else:
+            search = self.partitioner.jit_decode(beam_search_jit, self._param_shardings, **static)
+            placed = self.partitioner.shard_batch(dict(enumerate(inputs)))
+            out = search(self.params, tuple(placed.values()))
         tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
         logprobs, scores = np.asarray(out.logprobs), np.asarray(out.scores)
         for r, (_, i, _) in enumerate(chunk):

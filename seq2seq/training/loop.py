@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -23,6 +22,8 @@ from seq2seq import evaluation
 from seq2seq.config import Config, replace, save_config
 from seq2seq.data.pipeline import PreparedData, prepare
 from seq2seq.model import build_model
+from seq2seq.sharding import (Partitioner, initialize_distributed, is_main_process,
+                              main_process_first)
 from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.step import (create_train_state, eval_step, learning_rate_schedule,
@@ -63,16 +64,19 @@ class _StopFlag:
             signal.signal(s, h)
 
 
-def _device_batch(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    return {k: jnp.asarray(v) for k, v in batch.items()}
+def evaluate_loss(params: Any, graphdef: Any, data: PreparedData, config: Config,
+                  partitioner: Partitioner | None = None) -> dict[str, float]:
+    """Dev-set teacher-forced metrics: per-token ``loss`` (smoothed), ``nll``, ``accuracy``, ``ppl``.
 
-
-def evaluate_loss(params: Any, graphdef: Any, data: PreparedData, config: Config) -> dict[str, float]:
-    """Dev-set teacher-forced metrics: per-token ``loss`` (smoothed), ``nll``, ``accuracy``, ``ppl``."""
+    ``partitioner``: the run's mesh (default: built from ``config.mesh``).
+    """
+    partitioner = partitioner or Partitioner.from_config(config)
+    step = partitioner.jit_eval_step(eval_step, partitioner.shardings(params), graphdef=graphdef,
+                                     bos_id=data.tokenizer.bos_id,
+                                     label_smoothing=config.train.label_smoothing)
     totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
     for batch in data.dev.epoch(0):
-        m = eval_step(params, _device_batch(batch), graphdef=graphdef,
-                      bos_id=data.tokenizer.bos_id, label_smoothing=config.train.label_smoothing)
+        m = step(params, partitioner.shard_batch(batch))
         for k, v in jax.device_get(m).items():
             totals[k] += float(v)
     n = max(totals["tokens"], 1.0)
@@ -100,37 +104,45 @@ def train(config: Config) -> dict[str, Any]:
       CheckpointError: the existing checkpoint does not match the configured model.
     """
     wall_start = time.perf_counter()
+    initialize_distributed(config.distributed)  # no-op for a single process
+    main = is_main_process()  # only process 0 writes files other than checkpoints
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    data = prepare(config, workdir)
+    with main_process_first("prepare"):  # the tokenizer is trained once, then loaded
+        data = prepare(config, workdir)
     if config.model.vocab_size == 0:
         config = replace(config, **{"model.vocab_size": data.tokenizer.vocab_size})
     elif config.model.vocab_size != data.tokenizer.vocab_size:
         raise ValueError(f"model.vocab_size={config.model.vocab_size} but the tokenizer has "
                          f"{data.tokenizer.vocab_size} pieces; leave model.vocab_size at 0")
-    save_config(config, config_path(workdir))
+    if main:
+        save_config(config, config_path(workdir))
+    partitioner = Partitioner.from_config(config)
+    log.info("%s", partitioner)
 
     tcfg = config.train
     tx = make_optimizer(tcfg)
     schedule = learning_rate_schedule(tcfg)
     checkpointer = Checkpointer(checkpoint_dir(workdir), keep=tcfg.keep_checkpoints)
+    graphdef, abstract = abstract_train_state(config)
     if checkpointer.latest_step() is not None:
-        graphdef, abstract = abstract_train_state(config)
-        state, meta = checkpointer.restore(abstract)
+        state, meta = checkpointer.restore(partitioner.abstract(abstract))
         log.info("resumed from step %d (%s)", int(state.step), checkpoint_dir(workdir))
     else:
-        model = build_model(config.model, tcfg.seed)
-        graphdef, state = create_train_state(model, tx, tcfg.seed)
+        state = partitioner.init_state(
+            lambda: create_train_state(build_model(config.model, tcfg.seed), tx, tcfg.seed)[1],
+            abstract)
         meta = {}
-        del model
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     log.info("model: %.2fM parameters; %d rows x %d tokens per batch", n_params / 1e6,
              data.train.rows, data.train.max_len)
 
-    metrics_writer = MetricsWriter(workdir)
+    metrics_writer = MetricsWriter(workdir, enabled=main)
     step = int(state.step)
     step_kw = dict(graphdef=graphdef, tx=tx, bos_id=data.tokenizer.bos_id,
                    label_smoothing=tcfg.label_smoothing)
+    sharded_train_step = partitioner.jit_train_step(train_step, partitioner.shardings(abstract),
+                                                    **step_kw)
     pending: list[dict[str, jax.Array]] = []
     window_start, window_real = time.perf_counter(), 0.0
     train_seconds = float(meta.get("train_seconds", 0.0))
@@ -143,13 +155,13 @@ def train(config: Config) -> dict[str, Any]:
         last_saved = step
 
     bar = tqdm(total=tcfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True,
-               mininterval=2.0)
+               mininterval=2.0, disable=not main)
     with _StopFlag() as stop:
         while step < tcfg.steps:
             t0 = time.perf_counter()
             batch = data.train.batch_at(step)
             window_real += float((batch["tgt_segments"] > 0).sum() + (batch["src_segments"] > 0).sum())
-            state, m = train_step(state, _device_batch(batch), **step_kw)
+            state, m = sharded_train_step(state, partitioner.shard_batch(batch))
             pending.append(m)
             step += 1
             bar.update(1)
@@ -173,7 +185,7 @@ def train(config: Config) -> dict[str, Any]:
                 pending, window_start, window_real = [], time.perf_counter(), 0.0
             train_seconds += time.perf_counter() - t0
             if step % tcfg.eval_every == 0 or step == tcfg.steps:
-                dev = evaluate_loss(state.params, graphdef, data, config)
+                dev = evaluate_loss(state.params, graphdef, data, config, partitioner)
                 meta["dev"] = dev
                 metrics_writer.write(step, "dev", dev)
                 tqdm.write(f"step {step}: dev loss {dev['loss']:.3f} nll {dev['nll']:.3f} "
@@ -195,12 +207,13 @@ def train(config: Config) -> dict[str, Any]:
 
     # -- test set ---------------------------------------------------------------------------
     translator = Translator(graphdef, state.params, data.tokenizer, config.decode,
-                            max_src_len=max(config.data.max_len, 256))
+                            max_src_len=max(config.data.max_len, 256), partitioner=partitioner)
     sources, refs = data.test_text.sources, data.test_text.targets
     if config.decode.test_limit:
         sources, refs = sources[: config.decode.test_limit], refs[: config.decode.test_limit]
     t0 = time.perf_counter()
-    scores, hyps = _translate_and_score(translator, sources, refs, workdir / "test.hyp")
+    scores, hyps = _translate_and_score(translator, sources, refs,
+                                        workdir / "test.hyp" if main else None)
     decode_seconds = time.perf_counter() - t0
     metrics_writer.write(step, "test", {"bleu": scores.bleu, "chrf": scores.chrf})
     metrics_writer.close()
@@ -214,6 +227,7 @@ def train(config: Config) -> dict[str, Any]:
         "examples": [{"source": s, "reference": r, "hypothesis": h}
                      for s, r, h in list(zip(sources, refs, hyps))[:5]],
     }
-    (workdir / "test.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False),
-                                       encoding="utf-8")
+    if main:
+        (workdir / "test.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False),
+                                           encoding="utf-8")
     return summary
