@@ -7,9 +7,12 @@ partitioner (GSPMD, Xu et al. 2021) inserts the collectives. Parameters carry lo
 holds which logical axis.
 
 * ``data``: batch rows split, parameters replicated, gradients all-reduced.
-* ``fsdp``: batch rows split, and parameters and optimizer state split along ``embed``
-  (ZeRO-3, Rajbhandari et al. 2020): a weight is all-gathered where it is used and its gradient
-  reduce-scattered, so each device stores 1/fsdp of the model and of the Adam moments.
+* ``fsdp``: batch rows split, and parameters and optimizer state stored split along ``embed``
+  (ZeRO-3 storage, Rajbhandari et al. 2020): each device keeps 1/fsdp of the parameters and
+  of the Adam moments and updates only its part. Inside a step the parameters are all-gathered
+  over ``fsdp`` where they are used (``gathered``), and their gradients are summed over the
+  batch shards; without that constraint XLA tends to split the matmuls along ``embed`` instead
+  and moves activations, which costs several times more (``scripts/comm_cost.py``).
 * ``tensor``: Megatron-style (Shoeybi et al. 2019): Q/K/V columns and output-projection rows
   split by head, FFN ``W1`` columns and ``W2`` rows split by hidden unit, and the shared
   embedding / output projection split by vocabulary entry ("vocab-parallel": logits stay split
@@ -366,6 +369,17 @@ class Partitioner:
                     self.batch_sharding, np.asarray(v)[rows], np.shape(v))
                 for k, v in batch.items()}
 
+    def gathered(self, shardings: Any) -> Any:
+        """The compute layout of parameters: ``shardings`` with ``fsdp`` removed (gathered),
+        tensor parallelism kept."""
+        def drop(sharding):
+            spec = [tuple(a for a in (e if isinstance(e, tuple) else (e,)) if a != "fsdp")
+                    if e is not None else () for e in sharding.spec]
+            return NamedSharding(self.mesh, P(*[e[0] if len(e) == 1 else (e or None)
+                                                for e in spec]))
+
+        return jax.tree.map(drop, shardings)
+
     # compiled steps ----------------------------------------------------------------------
     def _compiled(self, kind: str, fn: Callable, static: dict, build: Callable[[], Callable]):
         # One executable per (kind, function, static arguments): callers may ask again each time.
@@ -377,22 +391,34 @@ class Partitioner:
     def jit_train_step(self, step_fn: Callable, state_shardings: Any, **static) -> Callable:
         """``step_fn(state, batch, **static) → (state, metrics)`` compiled over the mesh.
 
-        The state comes in and goes out with ``state_shardings`` (so every step reuses one
-        executable and the optimizer state stays sharded like the parameters) and is donated;
+        ``state`` is a ``TrainState`` (its ``params`` are gathered over ``fsdp`` for the
+        forward and backward passes). It comes in and goes out with ``state_shardings`` (so
+        every step reuses one executable and the optimizer state stays sharded like the
+        parameters) and is donated;
         the batch is split by rows; the metrics (scalars) come out replicated, readable on every
         process without a gather. Cached per ``(step_fn, static)``.
         """
+        gathered = self.gathered(state_shardings.params)
+
+        def step(state, batch):
+            params = jax.lax.with_sharding_constraint(state.params, gathered)
+            return step_fn(state.replace(params=params), batch, **static)
+
         return self._compiled("train", step_fn, static, lambda: jax.jit(
-            functools.partial(step_fn, **static),
-            in_shardings=(state_shardings, self.batch_sharding),
+            step, in_shardings=(state_shardings, self.batch_sharding),
             out_shardings=(state_shardings, self.replicated), donate_argnums=0))
 
     def jit_eval_step(self, eval_fn: Callable, param_shardings: Any, **static) -> Callable:
         """``eval_fn(params, batch, **static) → metrics`` compiled over the mesh (metrics
         replicated). Cached per ``(eval_fn, static)``."""
+        gathered = self.gathered(param_shardings)
+
+        def step(params, batch):
+            return eval_fn(jax.lax.with_sharding_constraint(params, gathered), batch, **static)
+
         return self._compiled("eval", eval_fn, static, lambda: jax.jit(
-            functools.partial(eval_fn, **static),
-            in_shardings=(param_shardings, self.batch_sharding), out_shardings=self.replicated))
+            step, in_shardings=(param_shardings, self.batch_sharding),
+            out_shardings=self.replicated))
 
     def jit_decode(self, decode_fn: Callable, param_shardings: Any, **static) -> Callable:
         """``decode_fn(params, *rows, **static)`` compiled over the mesh, called as
@@ -401,8 +427,10 @@ class Partitioner:
         Sentences are split like batch rows; the outputs (token ids, scores) are replicated so
         every process can read them. Cached per ``(decode_fn, static)``.
         """
-        def call(params, rows):
-            return decode_fn(params, *rows, **static)
+        gathered = self.gathered(param_shardings)
+
+        def call(params, rows):  # parameters gathered over fsdp once, not in every loop step
+            return decode_fn(jax.lax.with_sharding_constraint(params, gathered), *rows, **static)
 
         return self._compiled("decode", decode_fn, static, lambda: jax.jit(
             call, in_shardings=(param_shardings, self.batch_sharding),
