@@ -9,6 +9,8 @@ Modes:
                 sharding specs; sharded init; eval step; beam search; a checkpoint on (2,2,2).
   continue      1 device: restore the (2,2,2) checkpoint and take the next step.
   multiprocess  2 devices per process, ``jax.distributed`` on 127.0.0.1: the same steps.
+  loop          2 devices per process, 2 processes: the real ``seq2seq-train`` command on a
+                (1,2,2) mesh (overrides after ``--``).
 """
 
 from __future__ import annotations
@@ -258,7 +260,16 @@ def multiprocess(out: Path, process_id: int, num_processes: int, port: int) -> N
     multihost_utils.sync_global_devices("done")
 
 
+def loop(overrides: list[str]) -> None:
+    """The training command as a user runs it, on every process."""
+    from seq2seq import cli
+
+    sys.exit(cli.train_main(overrides))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["loop"]:
+        loop(sys.argv[sys.argv.index("--") + 1:])
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["meshes", "continue", "multiprocess"])
     parser.add_argument("--out", type=Path, required=True)

@@ -179,3 +179,55 @@ def test_two_processes_equal_one_device(runs):
     restored = {jax.tree_util.keystr(k): np.asarray(v)
                 for k, v in jax.tree_util.tree_flatten_with_path(state.params)[0]}
     _assert_same_params(restored, reference)
+
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "tatoeba-en-es"
+
+
+def _write_split(directory: Path, name: str, start: int, count: int) -> str:
+    import gzip
+
+    for lang in ("en", "es"):
+        with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines = f.read().split("\n")[start:start + count]
+        (directory / f"{name}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(directory / name)
+
+
+def test_training_command_on_two_processes(tmp_path):
+    """``seq2seq-train`` on 2 processes × 2 devices: one tokenizer, one log, one metrics file,
+    a checkpoint written by both, the test set decoded on the mesh."""
+    workdir = tmp_path / "run"
+    port = _free_port()
+    overrides = [
+        f"workdir={workdir}", f"data.train.path={_write_split(tmp_path, 'train', 0, 300)}",
+        f"data.dev.path={_write_split(tmp_path, 'dev', 300, 20)}",
+        f"data.test.path={_write_split(tmp_path, 'test', 320, 6)}", "data.max_len=32",
+        "data.max_tokens=512", "tokenizer.vocab_size=200", "model.d_model=32",
+        "model.num_heads=2", "model.d_ff=64", "model.num_encoder_layers=1",
+        "model.num_decoder_layers=1", "train.steps=4", "train.warmup_steps=2",
+        "train.eval_every=4", "train.checkpoint_every=4", "train.log_every=2",
+        "decode.beam_size=2", "mesh.data=1", "mesh.fsdp=2", "mesh.tensor=2",
+        f"distributed.coordinator_address=127.0.0.1:{port}", "distributed.num_processes=2"]
+    procs = [subprocess.Popen(
+        [sys.executable, str(WORKER), "loop", "--", *overrides, f"distributed.process_id={i}"],
+        env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        outputs = [p.communicate(timeout=900) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, p in enumerate(procs):
+        assert p.returncode == 0, f"process {i} failed:\n{outputs[i][1][-4000:]}"
+        assert "test BLEU" in outputs[i][0]
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["split"], r["step"]) for r in records] == [
+        ("train", 2), ("train", 4), ("dev", 4), ("test", 4)]  # written once, by process 0
+    assert all(np.isfinite(r["loss"]) for r in records if r["split"] != "test")
+    summary = json.loads((workdir / "test.json").read_text())
+    assert summary["step"] == 4 and summary["test_sentences"] == 6
+    assert len((workdir / "test.hyp").read_text().splitlines()) == 6
+    assert (workdir / "checkpoints" / "4").is_dir()
+    assert (workdir / "train.log").read_text().count("Partitioner(data=1, fsdp=2, tensor=2; "
+                                                    "2 process(es))") == 1
