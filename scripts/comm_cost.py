@@ -152,7 +152,8 @@ def main(argv=None) -> int:
                 print(f"| {name} | {shape} | {e} | | | | | | | |", flush=True)
                 continue
             c = r["collectives"]
-            cells = [f"{c[op][1] * mb:.1f} ({c[op][0]})" if c[op][0] else "—" for op in COLLECTIVES]
+            cells = [f"{c[op][1] * mb:.1f} ({c[op][0]})" if c[op][0] else "—"
+                     for op in COLLECTIVES]
             total = sum(v[1] for v in c.values()) * mb
             sent = sum(v[2] for v in c.values()) * mb
             label = f"{name} ({r['params'] / 1e6:.1f}M)"

@@ -28,7 +28,7 @@ Usage (what ``seq2seq.training.loop`` does)::
 
     p = Partitioner.from_config(config)
     graphdef, abstract = abstract_train_state(config)
-    state = p.init_state(init_fn, abstract)            # or checkpointer.restore(p.abstract(abstract))
+    state = p.init_state(init_fn, abstract)  # or: checkpointer.restore(p.abstract(abstract))
     step = p.jit_train_step(train_step, p.shardings(abstract), graphdef=graphdef, ...)
     state, metrics = step(state, p.shard_batch(numpy_batch))
 """
@@ -53,7 +53,7 @@ BATCH_AXES = ("data", "fsdp")
 
 # Logical axis (seq2seq.model.axes) → mesh axes; None = replicated. The one table.
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", BATCH_AXES),  # rows of every batch (inputs, activations)
+    ("batch", BATCH_AXES),  # rows of every batch and decoding input (activations follow them)
     ("vocab", "tensor"),    # embedding rows = output-projection columns (vocab-parallel logits)
     ("embed", "fsdp"),      # d_model: FSDP splits every weight and its Adam moments along it
     ("heads", "tensor"),    # heads × head_dim: Q/K/V columns, output-projection rows
@@ -260,9 +260,9 @@ class Partitioner:
         if tuple(mesh.axis_names) != MESH_AXES:
             raise MeshError(f"mesh axes must be {MESH_AXES}, got {mesh.axis_names}")
         self.mesh, self.rules = mesh, rules
-        self.batch_sharding = NamedSharding(mesh, P(BATCH_AXES))
+        self.batch_sharding = NamedSharding(mesh, P(dict(rules)["batch"]))
         self.replicated = NamedSharding(mesh, P())
-        self.batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+        self.batch_shards = math.prod(mesh.shape[a] for a in self.batch_sharding.spec[0])
         self._cache: dict[tuple, Callable] = {}
 
     @classmethod
@@ -296,7 +296,8 @@ class Partitioner:
         specs = nnx.get_partition_spec(tree)
 
         def to_sharding(spec, leaf):
-            return NamedSharding(self.mesh, logical_to_mesh(spec, leaf.shape, self.mesh, self.rules))
+            spec = logical_to_mesh(spec, leaf.shape, self.mesh, self.rules)
+            return NamedSharding(self.mesh, spec)
 
         return jax.tree.map(to_sharding, specs, tree, is_leaf=lambda x: isinstance(x, P))
 
@@ -382,7 +383,8 @@ class Partitioner:
 
     # compiled steps ----------------------------------------------------------------------
     def _compiled(self, kind: str, fn: Callable, static: dict, build: Callable[[], Callable]):
-        # One executable per (kind, function, static arguments): callers may ask again each time.
+        # One executable per (kind, function, static arguments), so callers may ask each time;
+        # the shardings need no key: they follow from the static graphdef, mesh and rules.
         key = (kind, fn, tuple(sorted(static.items())))
         if key not in self._cache:
             self._cache[key] = build()

@@ -26,7 +26,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import BOS, packed_batch, random_pairs, tiny_config  # noqa: E402
 
-from seq2seq.config import Config, DecodeConfig, DistributedConfig, MeshConfig, TrainConfig  # noqa: E402
+from seq2seq.config import (Config, DecodeConfig, DistributedConfig, MeshConfig,  # noqa: E402
+                            TrainConfig)
 from seq2seq.model import build_model  # noqa: E402
 from seq2seq.sharding import Partitioner, initialize_distributed, make_mesh  # noqa: E402
 from seq2seq.training.checkpoints import Checkpointer  # noqa: E402
@@ -123,7 +124,8 @@ class CharTokenizer:
     pad_id, unk_id, bos_id, eos_id = 0, 1, BOS, 3
 
     def encode(self, lines):
-        return [np.array([4 + ord(c) % 36 for c in line] + [self.eos_id], np.int32) for line in lines]
+        return [np.array([4 + ord(c) % 36 for c in line] + [self.eos_id], np.int32)
+                for line in lines]
 
     def decode(self, ids):
         return [" ".join(map(str, x)) for x in ids]
