@@ -44,9 +44,11 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config, args.overrides)
     except ConfigError as e:
         return _fail(str(e))
+    from seq2seq.sharding import initialize_distributed, is_main_process
     from seq2seq.training.loop import Interrupted, train  # heavy imports after arg checks
 
-    _setup_logging(Path(config.workdir))
+    initialize_distributed(config.distributed)  # before any device use; no-op for one process
+    _setup_logging(Path(config.workdir) if is_main_process() else None)  # one train.log
     logging.getLogger(__name__).info("config:\n%s", _yaml(config))
     try:
         summary = train(config)

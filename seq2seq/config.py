@@ -285,6 +285,51 @@ class DecodeConfig:
 
 
 @dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh for ``jax.jit`` over named axes (rules in ``seq2seq.sharding.RULES``).
+
+    The product of the three sizes must equal the number of devices (of all processes);
+    one size may be -1 to take the remaining devices.
+
+    Attributes:
+      data: data-parallel replicas (batch rows split, parameters replicated).
+      fsdp: fully-sharded data parallel (batch rows split, and parameters and optimizer state
+        split along ``embed``; gathered per layer when used; Rajbhandari et al. 2020, ZeRO-3).
+      tensor: Megatron tensor parallel (attention heads, FFN hidden units and the vocabulary
+        split; Shoeybi et al. 2019).
+    """
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """Multi-process (multi-host) start-up through ``jax.distributed.initialize``.
+
+    Nothing happens for a single process (the default). Set ``coordinator_address``,
+    ``num_processes`` and ``process_id`` explicitly (e.g. ``distributed.process_id=1`` on the
+    command line of the second process), or set ``auto: true`` to let JAX read them from the
+    cluster environment (SLURM, Open MPI, TPU pod slices, or the ``JAX_COORDINATOR_ADDRESS``
+    variable with the others detected).
+
+    Attributes:
+      coordinator_address: ``host:port`` of process 0 (reachable from every process).
+      num_processes: total number of processes.
+      process_id: this process's index in ``[0, num_processes)``.
+      auto: call ``jax.distributed.initialize()`` and let JAX detect the cluster.
+      initialization_timeout: seconds to wait for all processes to connect.
+    """
+
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    auto: bool = False
+    initialization_timeout: int = 300
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole run: where it lives and every section above."""
 
@@ -294,6 +339,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 def _merge(*layers: Any) -> Config:

@@ -100,6 +100,10 @@ class Translator:
         EOS (with a warning naming the line) or makes ``translate`` ``reject`` the input.
       mesh: optional ``jax.sharding.Mesh`` with a ``data`` axis: batch rows are split over it
         (row counts rounded up to a multiple of its size) and the parameters replicated.
+      partitioner: decode over the training mesh (``seq2seq.sharding.Partitioner``):
+        parameters sharded by its rules, sentences split over ``data × fsdp`` (row counts
+        rounded up to a multiple of it), results replicated to every process. Overrides
+        ``mesh``.
 
     Raises:
       ValueError: invalid ``config`` (``check_decode_config``), ``max_src_len`` < 2, unknown
@@ -107,7 +111,8 @@ class Translator:
     """
 
     def __init__(self, graphdef: Any, params: Any, tokenizer: Tokenizer, config: DecodeConfig,
-                 max_src_len: int = 256, *, on_long: str = "truncate", mesh: Mesh | None = None):
+                 max_src_len: int = 256, *, on_long: str = "truncate", mesh: Mesh | None = None,
+                 partitioner: Any = None):
         check_decode_config(config)
         if max_src_len < 2:
             raise ValueError(f"max_src_len must be ≥ 2 (a token and EOS), got {max_src_len}")
@@ -117,7 +122,12 @@ class Translator:
             raise ValueError(f"the mesh needs a 'data' axis, it has {mesh.axis_names}")
         self.graphdef, self.tokenizer, self.config = graphdef, tokenizer, config
         self.max_src_len, self.on_long, self.mesh = max_src_len, on_long, mesh
-        self.params = params if mesh is None else jax.device_put(params, NamedSharding(mesh, P()))
+        self.partitioner = partitioner
+        if partitioner is not None:
+            self._param_shardings = partitioner.shardings(params)
+            self.params = partitioner.place(params)
+        else:
+            self.params = params if mesh is None else jax.device_put(params, NamedSharding(mesh, P()))
 
     def translate(self, lines: Sequence[str], *, nbest: int = 1, progress: bool = False) -> list[
             list[Hypothesis]]:
@@ -161,7 +171,10 @@ class Translator:
             raise ValueError(f"{len(too_long)} line(s) longer than the limit of "
                              f"{self.max_src_len} tokens: {named}{more}")
         todo.sort(key=lambda t: (t[0], t[1]))
-        shards = 1 if self.mesh is None else self.mesh.shape["data"]
+        if self.partitioner is not None:  # whole rows per device
+            shards = self.partitioner.batch_shards
+        else:
+            shards = 1 if self.mesh is None else self.mesh.shape["data"]
         bar = tqdm(total=len(todo), desc="translate", unit="sent", disable=not progress)
         start = 0
         while start < len(todo):
@@ -177,10 +190,17 @@ class Translator:
         bar.close()
         return results
 
-    def _put(self, x: np.ndarray) -> jax.Array:
+    def _run(self, search, inputs: list[np.ndarray], **static):
+        """``search(params, *inputs, **static)`` on one device, the ``mesh`` or the partitioner's mesh."""
+        if self.partitioner is not None:
+            compiled = self.partitioner.jit_decode(search, self._param_shardings, **static)
+            placed = self.partitioner.shard_batch(dict(enumerate(inputs)))
+            return compiled(self.params, tuple(placed.values()))
         if self.mesh is None:
-            return jax.device_put(x)
-        return jax.device_put(x, NamedSharding(self.mesh, P("data")))
+            placed = [jax.device_put(x) for x in inputs]
+        else:
+            placed = [jax.device_put(x, NamedSharding(self.mesh, P("data"))) for x in inputs]
+        return search(self.params, *placed, **static)
 
     def _decode_chunk(self, chunk, width, rows, nbest, results):
         cfg, tok = self.config, self.tokenizer
@@ -193,27 +213,24 @@ class Translator:
             line_ids[r] = i
         max_len = int(cfg.max_len_a * width + cfg.max_len_b)
         max_lengths = np.minimum(np.ceil(cfg.max_len_a * lengths + cfg.max_len_b), max_len)
-        args = [self._put(src), self._put((src != tok.pad_id).astype(np.int32)),
-                self._put(max_lengths.astype(np.int32))]
+        inputs = [src, (src != tok.pad_id).astype(np.int32), max_lengths.astype(np.int32)]
         common = dict(graphdef=self.graphdef, max_len=max_len, bos_id=tok.bos_id,
                       eos_id=tok.eos_id, pad_id=tok.pad_id, min_length=cfg.min_length)
         scoring = dict(alpha=cfg.alpha, length_penalty_kind=cfg.length_penalty)
         if cfg.sampling:
-            keys = self._put(np.asarray(sentence_keys(cfg.seed, line_ids)))
-            out = sample_jit(self.params, *args, keys, num_samples=nbest,
-                             temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                             **common, **scoring)
+            inputs.append(np.asarray(sentence_keys(cfg.seed, line_ids)))
+            out = self._run(sample_jit, inputs, num_samples=nbest, temperature=cfg.temperature,
+                            top_k=cfg.top_k, top_p=cfg.top_p, **common, **scoring)
             tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
             logprobs, scores = np.asarray(out.logprobs), np.asarray(out.scores)
         elif cfg.beam_size == 1:
-            out_tokens, out_logp = greedy_search_jit(self.params, *args, **common)
+            out_tokens, out_logp = self._run(greedy_search_jit, inputs, **common)
             tokens = np.asarray(out_tokens)[:, None]
             lens = (tokens != tok.pad_id).sum(-1)
             logprobs = np.asarray(out_logp)[:, None]
             scores = logprobs / np.asarray(length_penalty(lens, cfg.alpha, cfg.length_penalty))
         else:
-            out = beam_search_jit(self.params, *args, beam_size=cfg.beam_size, **common,
-                                  **scoring)
+            out = self._run(beam_search_jit, inputs, beam_size=cfg.beam_size, **common, **scoring)
             tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
             logprobs, scores = np.asarray(out.logprobs), np.asarray(out.scores)
         for r, (_, i, _) in enumerate(chunk):

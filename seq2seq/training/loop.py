@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -28,6 +27,8 @@ from seq2seq.config import Config, ConfigError, replace, save_config
 from seq2seq.data.batching import PackedBatches
 from seq2seq.data.pipeline import PreparedData, decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.model import build_model
+from seq2seq.sharding import (Partitioner, initialize_distributed, is_main_process,
+                              main_process_first)
 from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.early_stopping import MODES, BestTracker
 from seq2seq.training.metrics import MetricsWriter
@@ -104,10 +105,6 @@ def check_train_config(config: Config) -> None:
         raise ConfigError(f"train.test_checkpoint must be 'best' or 'last', got {t.test_checkpoint!r}")
 
 
-def _device_batch(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    return {k: jnp.asarray(v) for k, v in batch.items()}
-
-
 def train_batch(batches: PackedBatches, first: int, accum: int) -> dict[str, np.ndarray]:
     """Micro-batches ``first .. first+accum-1`` stacked as int32 ``[accum, rows, max_len]``.
 
@@ -118,12 +115,19 @@ def train_batch(batches: PackedBatches, first: int, accum: int) -> dict[str, np.
     return {k: np.stack([m[k] for m in micro]) for k in micro[0]}
 
 
-def evaluate_loss(params: Any, graphdef: Any, data: PreparedData, config: Config) -> dict[str, float]:
-    """Dev-set teacher-forced metrics: per-token ``loss`` (smoothed), ``nll``, ``accuracy``, ``ppl``."""
+def evaluate_loss(params: Any, graphdef: Any, data: PreparedData, config: Config,
+                  partitioner: Partitioner | None = None) -> dict[str, float]:
+    """Dev-set teacher-forced metrics: per-token ``loss`` (smoothed), ``nll``, ``accuracy``, ``ppl``.
+
+    ``partitioner``: the run's mesh (default: built from ``config.mesh``).
+    """
+    partitioner = partitioner or Partitioner.from_config(config)
+    step = partitioner.jit_eval_step(eval_step, partitioner.shardings(params), graphdef=graphdef,
+                                     bos_id=data.tokenizer.bos_id,
+                                     label_smoothing=config.train.label_smoothing)
     totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
     for batch in data.dev.epoch(0):
-        m = eval_step(params, _device_batch(batch), graphdef=graphdef,
-                      bos_id=data.tokenizer.bos_id, label_smoothing=config.train.label_smoothing)
+        m = step(params, partitioner.shard_batch(batch))
         for k, v in jax.device_get(m).items():
             totals[k] += float(v)
     n = max(totals["tokens"], 1.0)
@@ -131,27 +135,30 @@ def evaluate_loss(params: Any, graphdef: Any, data: PreparedData, config: Config
             "accuracy": totals["correct"] / n, "ppl": float(np.exp(totals["nll"] / n))}
 
 
-def evaluate_bleu(params: Any, graphdef: Any, data: PreparedData, config: Config) -> evaluation.Scores:
+def evaluate_bleu(params: Any, graphdef: Any, data: PreparedData, config: Config,
+                  partitioner: Partitioner | None = None) -> evaluation.Scores:
     """sacreBLEU BLEU/chrF of the first ``train.bleu_subset`` dev sentences (0 = all).
 
     Decodes with ``seq2seq.translation.Translator`` using beam ``train.bleu_beam_size`` (1 =
-    greedy, 0 = ``decode.beam_size``) and the rest of the ``decode`` settings.
+    greedy, 0 = ``decode.beam_size``) and the rest of the ``decode`` settings, on the run's
+    mesh when ``partitioner`` is given.
     """
     t = config.train
     n = t.bleu_subset or len(data.dev_text.sources)
     sources, refs = data.dev_text.sources[:n], data.dev_text.targets[:n]
     decode = replace(config.decode, beam_size=t.bleu_beam_size or config.decode.beam_size)
     translator = Translator(graphdef, params, data.tokenizer, decode,
-                            max_src_len=decode_source_limit(config))
+                            max_src_len=decode_source_limit(config), partitioner=partitioner)
     hyps = [h[0].text for h in translator.translate(sources)]
     return evaluation.score(hyps, refs)
 
 
-def evaluate_dev(params: Any, graphdef: Any, data: PreparedData, config: Config) -> dict[str, float]:
+def evaluate_dev(params: Any, graphdef: Any, data: PreparedData, config: Config,
+                 partitioner: Partitioner | None = None) -> dict[str, float]:
     """``evaluate_loss`` plus, with ``train.dev_bleu``, ``bleu``, ``chrf`` and ``bleu_sentences``."""
-    dev = evaluate_loss(params, graphdef, data, config)
+    dev = evaluate_loss(params, graphdef, data, config, partitioner)
     if config.train.dev_bleu:
-        scores = evaluate_bleu(params, graphdef, data, config)
+        scores = evaluate_bleu(params, graphdef, data, config, partitioner)
         dev.update(bleu=scores.bleu, chrf=scores.chrf, bleu_sentences=scores.num_sentences)
         log.debug("dev BLEU signature: %s", scores.bleu_signature)
     return dev
@@ -220,6 +227,7 @@ class FitResult:
       checkpoints: steps of the checkpoints kept, ascending.
       best_checkpoint: the step of the kept best checkpoint, or None.
       test_params / test_step: the parameters chosen by ``train.test_checkpoint`` and their step.
+      partitioner: the run's mesh and sharding rules.
     """
 
     graphdef: Any
@@ -231,6 +239,7 @@ class FitResult:
     best_checkpoint: int | None
     test_params: Any
     test_step: int
+    partitioner: Partitioner
 
     @property
     def best(self) -> BestTracker:
@@ -238,13 +247,16 @@ class FitResult:
         return self.progress.best
 
 
-def _load_or_init(config: Config, checkpointer: Checkpointer):
-    if checkpointer.latest_step() is None:
-        model = build_model(config.model, config.train.seed)
-        graphdef, state = create_train_state(model, make_optimizer(config.train), config.train.seed)
-        return graphdef, state, None
+def _load_or_init(config: Config, checkpointer: Checkpointer, partitioner: Partitioner):
+    """(graphdef, TrainState placed on the mesh, checkpoint meta or None)."""
     graphdef, abstract = abstract_train_state(config)
-    state, meta = checkpointer.restore(abstract)
+    if checkpointer.latest_step() is None:
+        t = config.train
+        state = partitioner.init_state(
+            lambda: create_train_state(build_model(config.model, t.seed), make_optimizer(t), t.seed)[1],
+            abstract)
+        return graphdef, state, None
+    state, meta = checkpointer.restore(partitioner.abstract(abstract))
     return graphdef, state, meta
 
 
@@ -270,10 +282,12 @@ def fit(config: Config, data: PreparedData) -> FitResult:
         checkpointer = cleanup.enter_context(contextlib.closing(Checkpointer(
             checkpoint_dir(workdir), keep=tcfg.keep_checkpoints,
             best_mode=MODES[tcfg.best_metric] if tcfg.keep_best else None, cleanup_tmp=True)))
-        graphdef, state, meta = _load_or_init(config, checkpointer)
+        partitioner = Partitioner.from_config(config)
+        log.info("%s", partitioner)
+        graphdef, state, meta = _load_or_init(config, checkpointer, partitioner)
         progress = Progress.from_meta(meta, int(state.step), config)
         writer = cleanup.enter_context(contextlib.closing(
-            MetricsWriter(workdir, resume_step=progress.last_saved)))
+            MetricsWriter(workdir, resume_step=progress.last_saved, enabled=is_main_process())))
         if meta is not None:
             log.info("resumed from step %d (%s)%s", progress.step, checkpoint_dir(workdir),
                      f"; dropped {writer.dropped} metric records written after it"
@@ -281,19 +295,25 @@ def fit(config: Config, data: PreparedData) -> FitResult:
         n_params = sum(x.size for x in jax.tree.leaves(state.params))
         log.info("model: %.2fM parameters; %d micro-batch(es) of %d rows x %d tokens per step",
                  n_params / 1e6, tcfg.grad_accum_steps, data.train.rows, data.train.max_len)
-        state, stopped = _train_loop(config, data, graphdef, state, progress, checkpointer, writer)
-        test_params, test_step = _test_params(config, checkpointer, state, progress.best)
+        state, stopped = _train_loop(config, data, graphdef, state, progress, checkpointer, writer,
+                                     partitioner)
+        test_params, test_step = _test_params(config, checkpointer, state, progress.best,
+                                              partitioner)
         return FitResult(graphdef, state, progress, stopped, int(n_params), checkpointer.all_steps(),
-                         checkpointer.best_step(), test_params, test_step)
+                         checkpointer.best_step(), test_params, test_step, partitioner)
 
 
 def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, progress: Progress,
-                checkpointer: Checkpointer, writer: MetricsWriter) -> tuple[Any, str]:
+                checkpointer: Checkpointer, writer: MetricsWriter,
+                partitioner: Partitioner) -> tuple[Any, str]:
     """Steps, logging, evaluation, checkpoints and stopping rules; returns (state, why stopped)."""
     tcfg, p, accum = config.train, progress, config.train.grad_accum_steps
     schedule = learning_rate_schedule(tcfg)
-    step_kw = dict(graphdef=graphdef, tx=make_optimizer(tcfg), bos_id=data.tokenizer.bos_id,
-                   label_smoothing=tcfg.label_smoothing)
+    # micro-batches [accum, rows, length]: rows (axis 1) are split over data × fsdp
+    sharded_step = partitioner.jit_train_step(
+        train_step, partitioner.shardings(abstract_train_state(config)[1]), row_axis=1,
+        graphdef=graphdef,
+        tx=make_optimizer(tcfg), bos_id=data.tokenizer.bos_id, label_smoothing=tcfg.label_smoothing)
     pending: list[dict[str, jax.Array]] = []
     window_start, window_real = time.perf_counter(), 0
 
@@ -303,14 +323,14 @@ def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, p
 
     stopped, new_best = "finished", None
     bar = tqdm(total=tcfg.steps, initial=p.step, desc="train", unit="step", dynamic_ncols=True,
-               mininterval=2.0)
+               mininterval=2.0, disable=not is_main_process())
     with _StopFlag() as stop, contextlib.closing(bar):
         batch = train_batch(data.train, p.micro_batches, accum) if p.step < tcfg.steps else None
         while p.step < tcfg.steps:
             t0 = time.perf_counter()
             target = int((batch["tgt_segments"] > 0).sum())
             real = target + int((batch["src_segments"] > 0).sum())
-            state, m = train_step(state, _device_batch(batch), **step_kw)
+            state, m = sharded_step(state, partitioner.shard_batch(batch, row_axis=1))
             p.step, p.micro_batches = p.step + 1, p.micro_batches + accum
             if p.step < tcfg.steps:  # prepared on the host while the device computes
                 batch = train_batch(data.train, p.micro_batches, accum)
@@ -337,7 +357,7 @@ def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, p
             new_best = None
             if p.step % tcfg.eval_every == 0 or p.step == tcfg.steps:
                 t1 = time.perf_counter()
-                p.dev = evaluate_dev(state.params, graphdef, data, config)
+                p.dev = evaluate_dev(state.params, graphdef, data, config, partitioner)
                 p.eval_seconds += time.perf_counter() - t1
                 window_start += time.perf_counter() - t1  # tokens/s counts training time only
                 improved = p.best.update(p.dev[tcfg.best_metric], p.step, loss=p.dev["loss"])
@@ -400,8 +420,8 @@ def _dev_line(step: int, dev: dict[str, float], best: BestTracker, improved: boo
     return f"{line} [{best.metric}: {mark}]"
 
 
-def _test_params(config: Config, checkpointer: Checkpointer, state: Any,
-                 best: BestTracker) -> tuple[Any, int]:
+def _test_params(config: Config, checkpointer: Checkpointer, state: Any, best: BestTracker,
+                 partitioner: Partitioner) -> tuple[Any, int]:
     """Parameters for the final test decode: the best checkpoint's or the last ones, and their step."""
     step = int(state.step)
     want = best.step if config.train.test_checkpoint == "best" else None
@@ -412,7 +432,7 @@ def _test_params(config: Config, checkpointer: Checkpointer, state: Any,
                     "last parameters (step %d)", want, step)
         return state.params, step
     _, abstract = abstract_train_state(config)
-    restored, _ = checkpointer.restore(abstract, want)
+    restored, _ = checkpointer.restore(partitioner.abstract(abstract), want)
     log.info("testing the best checkpoint (step %d, dev %s %.4g)", want, best.metric, best.value)
     return restored.params, want
 
@@ -437,11 +457,14 @@ def prepare_run(config: Config) -> tuple[Config, PreparedData]:
         ``seq2seq.data.pipeline.prepare``).
     """
     check_train_config(config)
+    initialize_distributed(config.distributed)  # no-op for a single process
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    data = prepare(config, workdir)
+    with main_process_first("prepare"):  # the tokenizer is trained once, then loaded
+        data = prepare(config, workdir)
     config = fill_vocab_sizes(config, data.tokenizer)
-    save_config(config, config_path(workdir))
+    if is_main_process():  # only process 0 writes files other than checkpoints
+        save_config(config, config_path(workdir))
     return config, data
 
 
@@ -470,20 +493,23 @@ def train(config: Config) -> dict[str, Any]:
         result = fit(config, data)
     except (Interrupted, TrainingDiverged) as e:
         status = "interrupted" if isinstance(e, Interrupted) else "diverged"
-        write_summary_md(workdir, config, {"status": status, "message": str(e), "step": e.step,
-                                           "wall_seconds": time.perf_counter() - wall_start})
+        if is_main_process():
+            write_summary_md(workdir, config, {"status": status, "message": str(e), "step": e.step,
+                                               "wall_seconds": time.perf_counter() - wall_start})
         raise
 
     translator = Translator(result.graphdef, result.test_params, data.tokenizer, config.decode,
-                            max_src_len=decode_source_limit(config))
+                            max_src_len=decode_source_limit(config), partitioner=result.partitioner)
     sources, refs = data.test_text.sources, data.test_text.targets
     if config.decode.test_limit:
         sources, refs = sources[: config.decode.test_limit], refs[: config.decode.test_limit]
+    main = is_main_process()
     t0 = time.perf_counter()
-    scores, hyps = _translate_and_score(translator, sources, refs, workdir / "test.hyp")
+    scores, hyps = _translate_and_score(translator, sources, refs,
+                                        workdir / "test.hyp" if main else None)
     decode_seconds = time.perf_counter() - t0
     step = int(result.state.step)
-    writer = MetricsWriter(workdir)
+    writer = MetricsWriter(workdir, enabled=main)
     writer.write(step, "test", {"bleu": scores.bleu, "chrf": scores.chrf, "checkpoint": result.test_step})
     writer.close()
     p = result.progress
@@ -500,7 +526,8 @@ def train(config: Config) -> dict[str, Any]:
         "examples": [{"source": s, "reference": r, "hypothesis": h}
                      for s, r, h in list(zip(sources, refs, hyps))[:5]],
     }
-    (workdir / "test.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False),
-                                       encoding="utf-8")
-    write_summary_md(workdir, config, summary)
+    if main:
+        (workdir / "test.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False),
+                                           encoding="utf-8")
+        write_summary_md(workdir, config, summary)
     return summary

@@ -1,0 +1,453 @@
+"""Device mesh, sharding rules and sharded compiled steps: data, FSDP and tensor parallelism.
+
+One program runs on every device (SPMD): ``jax.jit`` with explicit ``in_shardings`` and
+``out_shardings`` over a ``jax.sharding.Mesh`` with axes ``("data", "fsdp", "tensor")``; XLA's
+partitioner (GSPMD, Xu et al. 2021) inserts the collectives. Parameters carry logical axis names
+(``seq2seq.model.axes``); the table ``RULES`` below is the only place that says which mesh axis
+holds which logical axis.
+
+* ``data``: batch rows split, parameters replicated, gradients all-reduced.
+* ``fsdp``: batch rows split, and parameters and optimizer state stored split along ``embed``
+  (ZeRO-3 storage, Rajbhandari et al. 2020): each device keeps 1/fsdp of the parameters and
+  of the Adam moments and updates only its part. Inside a step the parameters are all-gathered
+  over ``fsdp`` where they are used (``gathered``), and their gradients are summed over the
+  batch shards; without that constraint XLA tends to split the matmuls along ``embed`` instead
+  and moves activations, which costs several times more (``scripts/comm_cost.py``).
+* ``tensor``: Megatron-style (Shoeybi et al. 2019): Q/K/V columns and output-projection rows
+  split by head, FFN ``W1`` columns and ``W2`` rows split by hidden unit, and the shared
+  embedding / output projection split by vocabulary entry ("vocab-parallel": logits stay split
+  over the vocabulary, and the softmax needs only ``[batch, length]`` all-reduces instead of
+  gathering ``[batch, length, vocab]`` logits).
+
+Multi-host: ``initialize_distributed`` starts ``jax.distributed``; every process builds the same
+global mesh, runs the same compiled program, and feeds only its own rows of each global batch
+(``jax.make_array_from_process_local_data``). Orbax saves and restores the sharded arrays from
+all processes.
+
+Usage (what ``seq2seq.training.loop`` does)::
+
+    p = Partitioner.from_config(config)
+    graphdef, abstract = abstract_train_state(config)
+    state = p.init_state(init_fn, abstract)  # or: checkpointer.restore(p.abstract(abstract))
+    step = p.jit_train_step(train_step, p.shardings(abstract), graphdef=graphdef, ...)
+    state, metrics = step(state, p.shard_batch(numpy_batch))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+from typing import Any, Callable, Iterator, Mapping
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+log = logging.getLogger(__name__)
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# Logical axis (seq2seq.model.axes) → mesh axes; None = replicated. The one table.
+RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", BATCH_AXES),  # rows of every batch and decoding input (activations follow them)
+    ("vocab", "tensor"),    # embedding rows = output-projection columns (vocab-parallel logits)
+    ("embed", "fsdp"),      # d_model: FSDP splits every weight and its Adam moments along it
+    ("heads", "tensor"),    # heads × head_dim: Q/K/V columns, output-projection rows
+    ("mlp", "tensor"),      # d_ff: FFN W1 columns, W2 rows
+)
+
+
+class MeshError(ValueError):
+    """The configured mesh does not fit the devices or the model; the message says why."""
+
+
+# -- the mesh ------------------------------------------------------------------------------
+def mesh_shape(config, num_devices: int) -> tuple[int, int, int]:
+    """Resolve a ``MeshConfig`` (``data``, ``fsdp``, ``tensor``; one may be -1) to sizes.
+
+    Args:
+      config: anything with int attributes ``data``, ``fsdp``, ``tensor``.
+      num_devices: devices of all processes (``jax.device_count()``).
+
+    Returns:
+      ``(data, fsdp, tensor)`` whose product is ``num_devices``.
+
+    Raises:
+      MeshError: a size is 0 or below -1, more than one is -1, or the sizes do not multiply to
+        the device count (the message gives both).
+    """
+    sizes = [getattr(config, a) for a in MESH_AXES]
+    named = ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes))
+    if any(s == 0 or s < -1 for s in sizes):
+        raise MeshError(f"mesh sizes must be positive or -1, got {named}")
+    if sizes.count(-1) > 1:
+        raise MeshError(f"at most one mesh size may be -1 (the remaining devices), got {named}")
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+        if num_devices % known:
+            raise MeshError(f"mesh {named}: {num_devices} devices are not divisible by {known}")
+        sizes[sizes.index(-1)] = num_devices // known
+    if math.prod(sizes) != num_devices:
+        raise MeshError(f"mesh {named} needs {math.prod(sizes)} devices but there are "
+                        f"{num_devices}; set one size to -1 or change the sizes")
+    return tuple(sizes)
+
+
+def make_mesh(config, devices: list | None = None) -> Mesh:
+    """A ``Mesh`` with axes ``("data", "fsdp", "tensor")`` from a ``MeshConfig``.
+
+    Devices are ordered by ``jax.make_mesh`` (topology-aware on TPU; process-major on GPU/CPU,
+    so ``tensor``, the innermost axis, stays within a host). Axis types are ``Auto``: shardings
+    are given on the jit boundaries and XLA propagates them inside.
+
+    Args:
+      config: ``MeshConfig``.
+      devices: devices to use (default: ``jax.devices()``, those of all processes).
+
+    Raises:
+      MeshError: see ``mesh_shape``.
+    """
+    devices = jax.devices() if devices is None else list(devices)
+    shape = mesh_shape(config, len(devices))
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                         devices=devices)
+
+
+def check_model(model_config, mesh: Mesh) -> None:
+    """Check that tensor parallelism splits whole heads and FFN units.
+
+    A dimension that a mesh axis does not divide is replicated (see ``logical_to_mesh``), but a
+    head split across devices would be silently slow, so that is an error.
+
+    Raises:
+      MeshError: ``num_heads`` or ``d_ff`` is not divisible by the ``tensor`` size.
+    """
+    t = mesh.shape["tensor"]
+    for name in ("num_heads", "d_ff"):
+        value = getattr(model_config, name)
+        if value % t:
+            raise MeshError(f"model.{name}={value} is not divisible by mesh.tensor={t}")
+
+
+# -- logical → mesh ------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _warn_replicated(name: str, size: int, axes: tuple[str, ...], parts: int) -> None:
+    log.warning("logical axis %r of size %d is not divisible by mesh axes %s (%d); replicated",
+                name, size, axes, parts)
+
+
+def logical_to_mesh(spec: P, shape: tuple[int, ...], mesh: Mesh,
+                    rules: tuple = RULES) -> P:
+    """Map a logical ``PartitionSpec`` (e.g. ``P("embed", "mlp")``) to mesh axes by ``rules``.
+
+    A mesh axis is used at most once per array (a later dimension asking for a taken axis is
+    replicated), and a dimension that its mesh axes do not divide is replicated (warned once).
+
+    Args:
+      spec: logical names per dimension (``None`` = replicated); shorter specs pad with None.
+      shape: the array's shape.
+      mesh: the target mesh.
+      rules: ``(logical, mesh axes)`` pairs.
+
+    Returns:
+      A ``PartitionSpec`` over mesh axis names.
+
+    Raises:
+      KeyError: a logical name has no rule.
+    """
+    table = dict(rules)
+    used: set[str] = set()
+    out = []
+    for dim, name in enumerate(tuple(spec) + (None,) * (len(shape) - len(spec))):
+        if name is None:
+            out.append(None)
+            continue
+        if name not in table:
+            raise KeyError(f"logical axis {name!r} has no sharding rule; add it to RULES")
+        target = table[name]
+        axes = () if target is None else (target,) if isinstance(target, str) else tuple(target)
+        axes = tuple(a for a in axes if a not in used)
+        parts = math.prod(mesh.shape[a] for a in axes)
+        if not axes or parts == 1:
+            out.append(None)
+            continue
+        if shape[dim] % parts:
+            _warn_replicated(name, shape[dim], axes, parts)
+            out.append(None)
+            continue
+        used.update(axes)
+        out.append(axes[0] if len(axes) == 1 else axes)
+    while out and out[-1] is None:
+        out.pop()
+    return P(*out)
+
+
+def format_rules(rules: tuple = RULES) -> str:
+    """The rules as a Markdown table (``python -m seq2seq.sharding`` prints it)."""
+    lines = ["| logical axis | mesh axes |", "|---|---|"]
+    for name, target in rules:
+        shown = "replicated" if target is None else " × ".join(
+            (target,) if isinstance(target, str) else target)
+        lines.append(f"| `{name}` | {shown} |")
+    return "\n".join(lines)
+
+
+# -- multi-host ----------------------------------------------------------------------------
+def initialize_distributed(config) -> bool:
+    """Start ``jax.distributed`` for a multi-process run; a no-op for a single process.
+
+    Must run before anything touches the devices. Idempotent.
+
+    Args:
+      config: ``DistributedConfig``. Initialises when ``auto`` is true (JAX detects SLURM,
+        Open MPI, TPU pods, ``JAX_COORDINATOR_ADDRESS``), or ``coordinator_address`` is set,
+        or ``num_processes`` > 1; explicit values override detected ones.
+
+    Returns:
+      True if this call (or an earlier one) initialised the distributed runtime.
+    """
+    if jax.distributed.is_initialized():
+        return True
+    explicit = config.coordinator_address is not None or (config.num_processes or 1) > 1
+    if not (config.auto or explicit):
+        return False
+    jax.distributed.initialize(coordinator_address=config.coordinator_address,
+                               num_processes=config.num_processes, process_id=config.process_id,
+                               initialization_timeout=config.initialization_timeout)
+    log.info("jax.distributed: process %d of %d, %d local / %d global devices",
+             jax.process_index(), jax.process_count(), jax.local_device_count(),
+             jax.device_count())
+    return True
+
+
+def is_main_process() -> bool:
+    """True on process 0 (the one that writes logs, metrics and reports)."""
+    return jax.process_index() == 0
+
+
+@contextlib.contextmanager
+def main_process_first(name: str) -> Iterator[None]:
+    """Run the block on process 0 first, then on the others (e.g. train a tokenizer once).
+
+    A no-op with one process; otherwise a barrier named ``name`` separates the two turns.
+    """
+    if jax.process_count() == 1:
+        yield
+        return
+    from jax.experimental import multihost_utils
+
+    if not is_main_process():
+        multihost_utils.sync_global_devices(name)
+    yield
+    if is_main_process():
+        multihost_utils.sync_global_devices(name)
+
+
+# -- placement and compiled steps ----------------------------------------------------------
+class Partitioner:
+    """Places arrays on a mesh by the rules and compiles steps with explicit shardings.
+
+    Args:
+      mesh: a mesh with axes ``MESH_AXES`` (``make_mesh``).
+      rules: logical → mesh table (default ``RULES``).
+    """
+
+    def __init__(self, mesh: Mesh, rules: tuple = RULES):
+        if tuple(mesh.axis_names) != MESH_AXES:
+            raise MeshError(f"mesh axes must be {MESH_AXES}, got {mesh.axis_names}")
+        self.mesh, self.rules = mesh, rules
+        self.batch_sharding = NamedSharding(mesh, P(dict(rules)["batch"]))
+        self.replicated = NamedSharding(mesh, P())
+        self.batch_shards = math.prod(mesh.shape[a] for a in self.batch_sharding.spec[0])
+        self._cache: dict[tuple, Callable] = {}
+
+    @classmethod
+    def from_config(cls, config) -> "Partitioner":
+        """The partitioner of a run: its ``mesh`` section over all devices, checked against
+        its ``model`` section.
+
+        Raises:
+          MeshError: see ``mesh_shape`` and ``check_model``.
+        """
+        mesh = make_mesh(config.mesh)
+        check_model(config.model, mesh)
+        return cls(mesh)
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{a}={n}" for a, n in self.mesh.shape.items())
+        return f"Partitioner({sizes}; {jax.process_count()} process(es))"
+
+    # shardings --------------------------------------------------------------------------
+    def shardings(self, tree: Any) -> Any:
+        """``NamedSharding`` for every array of a pytree carrying nnx partition metadata.
+
+        Works on a ``TrainState``, an ``nnx.State`` of parameters, or their abstract
+        (``jax.eval_shape``) versions: ``nnx.Param`` leaves, including the Adam moments that
+        mirror them in the optimizer state, are placed by their logical names; every other
+        leaf (step, counts, RNG key, scalars) is replicated.
+
+        Returns:
+          A pytree of ``NamedSharding`` with the structure of ``tree``.
+        """
+        specs = nnx.get_partition_spec(tree)
+
+        def to_sharding(spec, leaf):
+            spec = logical_to_mesh(spec, leaf.shape, self.mesh, self.rules)
+            return NamedSharding(self.mesh, spec)
+
+        return jax.tree.map(to_sharding, specs, tree, is_leaf=lambda x: isinstance(x, P))
+
+    def abstract(self, tree: Any) -> Any:
+        """``tree`` as ``jax.ShapeDtypeStruct`` with shardings: the target for a sharded orbax
+        restore (each process reads only its shards)."""
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            tree, self.shardings(tree))
+
+    def place(self, tree: Any) -> Any:
+        """Put a pytree of arrays on the mesh by the rules.
+
+        Arrays already placed so are kept; host or single-device arrays (which every process
+        must hold with equal values) are cut into the shards this process owns; other global
+        arrays are resharded.
+        """
+        def put(x, sharding):
+            if isinstance(x, jax.Array) and x.sharding == sharding:
+                return x
+            if not isinstance(x, jax.Array) or x.is_fully_addressable:
+                host = np.asarray(x)
+                return jax.make_array_from_callback(host.shape, sharding, lambda i: host[i])
+            return jax.device_put(x, sharding)
+
+        return jax.tree.map(put, tree, self.shardings(tree))
+
+    def init_state(self, init_fn: Callable[[], Any], abstract: Any) -> Any:
+        """Run ``init_fn()`` compiled with its outputs sharded like ``abstract``: each device
+        creates only its shards (no full copy of the model on one device).
+
+        Args:
+          init_fn: builds the initial state (e.g. model + ``create_train_state``).
+          abstract: ``jax.eval_shape(init_fn)`` (the structure and partition metadata).
+        """
+        return jax.jit(init_fn, out_shardings=self.shardings(abstract))()
+
+    # batches -----------------------------------------------------------------------------
+    def process_rows(self, num_rows: int) -> np.ndarray:
+        """Indices of the global batch rows this process feeds, ascending.
+
+        With process-major device order this is ``[pid·R/n, (pid+1)·R/n)`` for R rows and n
+        processes whose devices split the rows; processes that are replicas along the batch
+        (e.g. a tensor axis spanning hosts) feed the same rows.
+
+        Raises:
+          MeshError: ``num_rows`` is not divisible by ``data × fsdp``.
+        """
+        if num_rows % self.batch_shards:
+            raise MeshError(f"{num_rows} batch rows are not divisible by data × fsdp = "
+                            f"{self.batch_shards}; change data.max_tokens or the mesh")
+        index_map = self.batch_sharding.addressable_devices_indices_map((num_rows,))
+        rows = sorted({r for idx in index_map.values() for r in range(num_rows)[idx[0]]})
+        return np.asarray(rows)
+
+    def rows_sharding(self, row_axis: int = 0) -> NamedSharding:
+        """Sharding of arrays whose axis ``row_axis`` holds batch rows (split over
+        ``data × fsdp``), e.g. ``row_axis=1`` for micro-batches ``[accum, rows, length]``."""
+        if row_axis == 0:
+            return self.batch_sharding
+        return NamedSharding(self.mesh, P(*([None] * row_axis), self.batch_sharding.spec[0]))
+
+    def shard_batch(self, batch: Mapping[str, np.ndarray], row_axis: int = 0) -> dict[str, jax.Array]:
+        """Global arrays split by rows over ``data × fsdp`` from a global host batch.
+
+        Every process holds the same global batch (batch k is a function of (seed, k)) and
+        hands ``jax.make_array_from_process_local_data`` only its own rows.
+
+        Args:
+          batch: arrays whose axis ``row_axis`` has equal length ``rows`` (divisible by
+            data × fsdp): ``[rows, ...]`` or micro-batches ``[accum, rows, ...]``.
+
+        Raises:
+          MeshError: ``rows`` is not divisible by data × fsdp.
+        """
+        first = next(iter(batch.values()))
+        rows = self.process_rows(np.shape(first)[row_axis])
+        sharding = self.rows_sharding(row_axis)
+        return {k: jax.make_array_from_process_local_data(
+                    sharding, np.take(np.asarray(v), rows, axis=row_axis), np.shape(v))
+                for k, v in batch.items()}
+
+    def gathered(self, shardings: Any) -> Any:
+        """The compute layout of parameters: ``shardings`` with ``fsdp`` removed (gathered),
+        tensor parallelism kept."""
+        def drop(sharding):
+            spec = [tuple(a for a in (e if isinstance(e, tuple) else (e,)) if a != "fsdp")
+                    if e is not None else () for e in sharding.spec]
+            return NamedSharding(self.mesh, P(*[e[0] if len(e) == 1 else (e or None)
+                                                for e in spec]))
+
+        return jax.tree.map(drop, shardings)
+
+    # compiled steps ----------------------------------------------------------------------
+    def _compiled(self, kind: str, fn: Callable, static: dict, build: Callable[[], Callable]):
+        # One executable per (kind, function, static arguments), so callers may ask each time;
+        # the shardings need no key: they follow from the static graphdef, mesh and rules.
+        key = (kind, fn, tuple(sorted(static.items())))
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def jit_train_step(self, step_fn: Callable, state_shardings: Any, row_axis: int = 0,
+                       **static) -> Callable:
+        """``step_fn(state, batch, **static) → (state, metrics)`` compiled over the mesh.
+
+        ``state`` is a ``TrainState`` (its ``params`` are gathered over ``fsdp`` for the
+        forward and backward passes). It comes in and goes out with ``state_shardings`` (so
+        every step reuses one executable and the optimizer state stays sharded like the
+        parameters) and is donated;
+        the batch is split by rows (its axis ``row_axis``: 1 for micro-batches
+        ``[accum, rows, length]``); the metrics (scalars) come out replicated, readable on every
+        process without a gather. Cached per ``(step_fn, row_axis, static)``.
+        """
+        gathered = self.gathered(state_shardings.params)
+
+        def step(state, batch):
+            params = jax.lax.with_sharding_constraint(state.params, gathered)
+            return step_fn(state.replace(params=params), batch, **static)
+
+        return self._compiled(f"train{row_axis}", step_fn, static, lambda: jax.jit(
+            step, in_shardings=(state_shardings, self.rows_sharding(row_axis)),
+            out_shardings=(state_shardings, self.replicated), donate_argnums=0))
+
+    def jit_eval_step(self, eval_fn: Callable, param_shardings: Any, **static) -> Callable:
+        """``eval_fn(params, batch, **static) → metrics`` compiled over the mesh (metrics
+        replicated). Cached per ``(eval_fn, static)``."""
+        gathered = self.gathered(param_shardings)
+
+        def step(params, batch):
+            return eval_fn(jax.lax.with_sharding_constraint(params, gathered), batch, **static)
+
+        return self._compiled("eval", eval_fn, static, lambda: jax.jit(
+            step, in_shardings=(param_shardings, self.batch_sharding),
+            out_shardings=self.replicated))
+
+    def jit_decode(self, decode_fn: Callable, param_shardings: Any, **static) -> Callable:
+        """``decode_fn(params, *rows, **static)`` compiled over the mesh, called as
+        ``f(params, rows)`` with ``rows`` a tuple of arrays whose leading axis is the sentence.
+
+        Sentences are split like batch rows; the outputs (token ids, scores) are replicated so
+        every process can read them. Cached per ``(decode_fn, static)``.
+        """
+        gathered = self.gathered(param_shardings)
+
+        def call(params, rows):  # parameters gathered over fsdp once, not in every loop step
+            return decode_fn(jax.lax.with_sharding_constraint(params, gathered), *rows, **static)
+
+        return self._compiled("decode", decode_fn, static, lambda: jax.jit(
+            call, in_shardings=(param_shardings, self.batch_sharding),
+            out_shardings=self.replicated))
+
+if __name__ == "__main__":
+    print(format_rules())
