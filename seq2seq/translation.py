@@ -196,11 +196,12 @@ class Translator:
             compiled = self.partitioner.jit_decode(search, self._param_shardings, **static)
             placed = self.partitioner.shard_batch(dict(enumerate(inputs)))
             return compiled(self.params, tuple(placed.values()))
+        return search(self.params, *map(self._put, inputs), **static)
+
+    def _put(self, x: np.ndarray) -> jax.Array:
         if self.mesh is None:
-            placed = [jax.device_put(x) for x in inputs]
-        else:
-            placed = [jax.device_put(x, NamedSharding(self.mesh, P("data"))) for x in inputs]
-        return search(self.params, *placed, **static)
+            return jax.device_put(x)
+        return jax.device_put(x, NamedSharding(self.mesh, P("data")))
 
     def _decode_chunk(self, chunk, width, rows, nbest, results):
         cfg, tok = self.config, self.tokenizer
