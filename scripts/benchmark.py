@@ -120,19 +120,32 @@ def fmt(s: dict[str, float]) -> str:
     return f"{s['median']:.4g} (min {s['min']:.4g}, max {s['max']:.4g}, n={s['n']})"
 
 
-def rss_now() -> int | None:
-    """Current resident set size in bytes (Linux ``/proc``), else None."""
+def _proc_status(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` in bytes (Linux), else None."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
 
 
+def rss_now() -> int | None:
+    """Current resident set size in bytes (Linux), else None."""
+    return _proc_status("VmRSS")
+
+
 def peak_rss() -> int:
-    """Peak resident set size of this process in bytes (``ru_maxrss`` is KiB on Linux)."""
+    """Peak resident set size of this process in bytes.
+
+    Linux: ``VmHWM``, the high-water mark of this program's own memory. ``ru_maxrss`` is not
+    used there because it survives ``exec``: a child started by a large parent would report
+    the parent's size. Elsewhere: ``ru_maxrss`` (KiB on Linux, bytes on macOS).
+    """
+    hwm = _proc_status("VmHWM")
+    if hwm is not None:
+        return hwm
     scale = 1 if sys.platform == "darwin" else 1024
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale)
 
@@ -323,9 +336,11 @@ class Bench:
         out: dict[str, Any] = {}
         with tempfile.TemporaryDirectory(prefix="bench-cold-") as cold:
             t = time.perf_counter()
-            data = prepare(replace(config, workdir=cold), cold, need_test=False)
+            data = prepare(replace(config, workdir=cold), cold)  # as the training loop does
             data.train.batch_at(0)
             out["time_to_first_batch_new_run_seconds"] = time.perf_counter() - t
+            out["note"] = ("prepare() + the first batch, as at the start of training; the "
+                           "Hugging Face datasets cache and the OS file cache may be warm")
             out["new_run_stats"] = {k: data.stats.get(k) for k in (
                 "read_seconds", "tokenizer_seconds", "tokenize_sentences", "tokenize_seconds",
                 "tokenize_sentences_per_second")}
@@ -560,16 +575,18 @@ class Bench:
         say("\n== decode ==")
         a = self.args
         out: dict[str, Any] = {}
-        config, tokenizer, graphdef, params, what = self.decode_model()
-        out["model"] = what
-        say(f"model: {what}")
-        split = self.test_sources(config)
-        sources = split[: a.decode_limit] if a.decode_limit else split
-        out["test_split"] = {}
-        for beam in a.beams:
-            out["test_split"][f"beam{beam}"] = self.decode_test(
-                config, tokenizer, graphdef, params, sources, beam, full=len(sources) == len(split))
-        out["kv_cache"] = self.kv_cache(config, tokenizer, graphdef, params, sources)
+        if "tatoeba" in a.presets:
+            config, tokenizer, graphdef, params, what = self.decode_model()
+            out["model"] = what
+            say(f"model: {what}")
+            split = self.test_sources(config)
+            sources = split[: a.decode_limit] if a.decode_limit else split
+            out["test_split"] = {}
+            for beam in a.beams:
+                out["test_split"][f"beam{beam}"] = self.decode_test(
+                    config, tokenizer, graphdef, params, sources, beam,
+                    full=len(sources) == len(split))
+            out["kv_cache"] = self.kv_cache(config, tokenizer, graphdef, params, sources)
         out["fixed"] = {name: self.decode_fixed(name) for name in a.presets if name in FIXED}
         self.result["decode"] = out
 
@@ -763,7 +780,8 @@ class Bench:
         say("\n== memory ==")
         self.prepared()  # so that no child trains a tokenizer
         out: dict[str, Any] = {"method": "each phase in its own child process of this script; "
-                                         "peak RSS from getrusage(RUSAGE_SELF).ru_maxrss; "
+                                         "peak RSS = VmHWM of /proc/self/status (else "
+                                         "getrusage ru_maxrss); "
                                          "baseline = RSS after imports, setup = RSS with data "
                                          "and model ready, before the first step"}
         phases = ("train", "decode")
@@ -793,8 +811,11 @@ class Bench:
             cmd.append("--smoke")
         if a.workdir:
             cmd += ["--workdir", a.workdir]
+        # No up-front GPU memory grab: the parent still holds its own, and the allocator's
+        # peak is then what the phase really used.
+        env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=os.getcwd())
+                                cwd=os.getcwd(), env=env)
 
     def memory_child(self, phase: str) -> dict[str, Any]:
         a = self.args
@@ -1125,6 +1146,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.result["meta"]["seconds"] = time.perf_counter() - start
         bench.result["meta"]["peak_rss_bytes"] = peak_rss()
         bench.result["meta"]["device_memory"] = device_memory()
+        say("\n== README rows (Benchmarks section) ==\n" + readme_rows(bench.result))
         if args.out:
             Path(args.out).write_text(json.dumps(_jsonable(bench.result), indent=1) + "\n")
             say(f"\nwrote {args.out}")
@@ -1132,6 +1154,68 @@ def main(argv: list[str] | None = None) -> int:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def readme_rows(r: dict[str, Any]) -> str:
+    """The figures of ``r`` as rows of the README's Benchmarks tables (sections that ran)."""
+    def num(x, digits=3):
+        return "—" if x is None else f"{x:,.{digits}g}" if abs(x) < 10 ** digits else f"{x:,.0f}"
+
+    def rng(s, scale=1.0):
+        return f"{num(s['median'] * scale)} ({num(s['min'] * scale)}–{num(s['max'] * scale)})"
+
+    lines = []
+    m = r["meta"]["machine"]
+    peak = r.get("peak", {}).get("gflops_per_second")
+    lines.append(f"Machine: {m['cpu']}, {m['cpus_usable']} cores; jax {m['jax']}; backend "
+                 f"{m['backend']} ({m['device_kind']}); dtype {m['dtype']}; matmul peak "
+                 f"{rng(peak) if peak else '—'} GFLOP/s; load {m['load_average_start']}")
+    for name, t in r.get("train", {}).items():
+        b = t["batch_shape"]
+        p = t.get("pipeline")
+        ref = t.get("reference", {}).get("target_tokens_per_second", {})
+        shapes = (f"{t['compilations']['jit_cache_entries']} / "
+                  f"{p['distinct_batch_shapes'] if p else '—'}")
+        real = f"{p['real_token_share']['median']:.1%}" if p else "100%"
+        lines.append(
+            f"| {name} | {b['rows']}×{b['src_len']} | {rng(t['step_seconds'])} | "
+            f"{num(t['tokens_per_second'])} | {num(t['real_target_tokens_per_second'])} | "
+            f"{num(t['compile_seconds'])} | {shapes} | {real} | "
+            f"{num(t['model_flops_per_step'] / 1e9)} ({num(t['xla_over_model_flops'])}) | "
+            f"{num(t['achieved_gflops_per_second'])} | {t['mfu']:.1%} | "
+            f"{ref.get('pytorch_marianmt', '—')} / {ref.get('flax_wmt', '—')} |")
+    d = r.get("decode", {})
+    for name, t in d.get("test_split", {}).items():
+        lines.append(f"| test split, {name} | {num(t['sentences_per_second'])} | "
+                     f"{num(t['output_tokens_per_second'])} | {num(t['compile_seconds'])} | "
+                     f"{num(t['seconds_with_compile'])} |")
+    for name, t in d.get("fixed", {}).items():
+        lines.append(f"| {name}, beam 4 | {rng(t['sentences_per_second'])} | | "
+                     f"{num(t['compile_seconds'])} | |")
+    if "kv_cache" in d:
+        lines.append(f"| KV cache speed-up (greedy) | {num(d['kv_cache']['speedup'])}× |")
+    if "model" in d:
+        lines.append(f"decoding model: {d['model']}")
+    data, mem = r.get("data"), r.get("memory")
+    if data or mem:
+        mib = lambda x: "—" if x is None else f"{x / 2**20:,.0f} MiB"
+        dev = (mem or {}).get("train", {}).get("device_memory") or {}
+        lines.append(
+            f"| {rng(data['tokenize_sentences_per_second']) if data else '—'} | "
+            f"{num(data['time_to_first_batch_new_run_seconds']) if data else '—'} | "
+            f"{num(data['time_to_first_batch_cached_seconds']) if data else '—'} | "
+            f"{mib(mem['train']['peak_rss_bytes']) if mem else '—'} | "
+            f"{mib(mem['decode']['peak_rss_bytes']) if mem else '—'} | "
+            f"{mib(dev.get('peak_bytes_in_use'))} |")
+    att = r.get("attention")
+    if att:
+        for path in ("default", "chunked", "cudnn"):
+            cells = [row.get(path, {}) for row in att["lengths"].values()]
+            if any(cells):
+                lines.append(f"| {path} | " + " | ".join(
+                    f"{c['temp_bytes'] / 2**20:,.0f} MiB" if c.get("temp_bytes") is not None
+                    else "—" for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def _jsonable(x: Any) -> Any:
