@@ -1,0 +1,1256 @@
+#!/usr/bin/env python3
+"""Benchmarks: the figures a researcher checks before choosing a codebase (issue #8).
+
+Prints each figure as it is measured and writes them all as JSON (``--out bench.json``).
+
+Sections (``--only``, comma-separated; default all):
+
+* ``train``: per config (``--preset``: ``tatoeba`` = configs/tatoeba_en_es.yaml on the real
+  corpus with packing; ``tiny`` and ``base`` = fixed shapes of random tokens without padding,
+  for comparison with other toolkits at equal work): step time (median and min–max of
+  ``--steps`` steps after ``--warmup``), tokens/s, real target tokens/s, compile time of the
+  step, compilations, batch shapes and real-token share of the pipeline, model FLOPs from
+  ``seq2seq.model.flops`` against XLA's cost analysis, achieved FLOP/s and MFU against a
+  ``jnp.dot`` peak measured in the same run.
+* ``decode``: the shipped test split with greedy and beam 4 (sentences/s, tokens/s, compile
+  time apart), the KV cache against a decoder that recomputes the prefix at every step, and
+  fixed-shape beam-4 decoding (16 source and exactly 16 output tokens) for ``tiny``/``base``.
+* ``data``: SentencePiece tokenization throughput and time to the first batch (new run
+  directory and cached).
+* ``memory``: peak host RSS of training and of decoding, each in a child process (and peak
+  device memory where the backend reports it).
+* ``attention``: compiled temporary memory of one attention layer forward+backward against
+  sequence length, default path versus a query-chunked path (O(n²) versus O(n)).
+
+``--smoke`` shrinks everything (tiny model, a corpus subset, 2 steps, a few sentences) so the
+whole script runs in under a minute on 2 CPU cores; it checks that the script works, not speed.
+
+Run from the repository root: ``python scripts/benchmark.py --out bench.json``. Figures are only
+as good as the machine is quiet: ``meta.machine`` records the load average at start and end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import gzip
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from seq2seq.config import Config, ModelConfig, TrainConfig, load_config, replace
+from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
+from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from seq2seq.decoding import beam_search_jit, greedy_search_jit
+from seq2seq.model import build_model
+from seq2seq.model.attention import dot_product_attention, segment_mask
+from seq2seq.model.attention import MultiHeadAttention
+from seq2seq.model.flops import matmul_params, train_flops_breakdown
+from seq2seq.training.step import create_train_state, make_optimizer, train_step
+from seq2seq.translation import Translator, bucket_length
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRST_TOKEN = max(PAD_ID, UNK_ID, BOS_ID, EOS_ID) + 1  # random tokens are never special ids
+SECTIONS = ("data", "train", "decode", "attention", "memory")
+PRESETS = ("tatoeba", "tiny", "base")
+
+# Fixed-shape presets: equal work with other toolkits (issue #8).
+FIXED = {
+    "tiny": dict(model=dict(vocab_size=8000, d_model=256, num_heads=4, num_encoder_layers=3,
+                            num_decoder_layers=3, d_ff=1024),
+                 batch=64, length=32, decode_sentences=64, decode_length=16),
+    "base": dict(model=dict(vocab_size=8000, d_model=512, num_heads=8, num_encoder_layers=6,
+                            num_decoder_layers=6, d_ff=2048),
+                 batch=32, length=32, decode_sentences=32, decode_length=16),
+}
+SMOKE_MODEL = dict(d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=64)
+# --smoke: the fixed presets become the smoke-sized preset model on random tokens, with the
+# preset's batch shape and optimizer, so that they share its compiled step (speed is not the
+# point of a smoke run).
+SMOKE_FIXED = dict(batch=8, length=32, decode_sentences=4, decode_length=8)
+
+# Measured by the issue's author on this 2-core CPU with the same recipe (issue #8).
+REFERENCES = {
+    "train_target_tokens_per_second": {
+        "tiny": {"pytorch_marianmt": 1940, "flax_wmt": 1330},
+        "base": {"pytorch_marianmt": 365, "flax_wmt": 313}},
+    "train_gflops_per_second": {
+        "tiny": {"pytorch_marianmt": 90, "flax_wmt": None},
+        "base": {"pytorch_marianmt": 107, "flax_wmt": None}},
+    "decode_beam4_sentences_per_second": {
+        "tiny": {"pytorch_marianmt": 74, "flax_wmt": 60},
+        "base": {"pytorch_marianmt": 20, "flax_wmt": 16}},
+}
+GOALS = {
+    "train_mfu": {"tiny": 0.55, "base": 0.65},
+    "decode_speedup_over_pytorch": 2.0,
+    "train_real_token_share": 0.90,
+    "test_split_beam4_seconds": 60.0,  # the shipped test split (2,780 sentences), whole
+    "test_split_sentences": 2780,
+}
+
+
+# -- small utilities --------------------------------------------------------------------------
+
+def say(*parts: Any) -> None:
+    print(*parts, flush=True)
+
+
+def spread(values: list[float]) -> dict[str, float | int]:
+    """Median, min, max and count of a list of measurements."""
+    return {"median": float(statistics.median(values)), "min": float(min(values)),
+            "max": float(max(values)), "n": len(values)}
+
+
+def fmt(s: dict[str, float]) -> str:
+    return f"{s['median']:.4g} (min {s['min']:.4g}, max {s['max']:.4g}, n={s['n']})"
+
+
+def _proc_status(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` in bytes (Linux), else None."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_now() -> int | None:
+    """Current resident set size in bytes (Linux), else None."""
+    return _proc_status("VmRSS")
+
+
+def peak_rss() -> int:
+    """Peak resident set size of this process in bytes.
+
+    Linux: ``VmHWM``, the high-water mark of this program's own memory. ``ru_maxrss`` is not
+    used there because it survives ``exec``: a child started by a large parent would report
+    the parent's size. Elsewhere: ``ru_maxrss`` (KiB on Linux, bytes on macOS).
+    """
+    hwm = _proc_status("VmHWM")
+    if hwm is not None:
+        return hwm
+    scale = 1 if sys.platform == "darwin" else 1024
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale)
+
+
+def device_memory() -> dict[str, int] | None:
+    """``bytes_in_use`` / ``peak_bytes_in_use`` of device 0 when the backend reports them."""
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001 - backends without memory stats raise various errors
+        return None
+    if not stats:
+        return None
+    return {k: int(stats[k]) for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit")
+            if k in stats}
+
+
+def cost_flops(compiled) -> float | None:
+    """XLA's FLOP count of a compiled executable (a dict, or a list of dicts in older JAX)."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements it
+        return None
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    return float(cost["flops"]) if cost and "flops" in cost else None
+
+
+def jit_cache_size(fn) -> int | None:
+    size = getattr(fn, "_cache_size", None)
+    return int(size()) if callable(size) else None
+
+
+class CompileEvents:
+    """Counts JAX compilations and their time (trace + lowering + backend compile).
+
+    Uses ``jax.monitoring`` duration events, so it sees every compilation in the process,
+    including ones inside library code (e.g. the Translator's per-shape beam search).
+    """
+
+    NAMES = ("/jax/core/compile/jaxpr_trace_duration",
+             "/jax/core/compile/jaxpr_to_mlir_module_duration",
+             "/jax/core/compile/backend_compile_duration")
+
+    def __init__(self):
+        self.count, self.seconds = 0, 0.0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, name: str, duration: float, **_: Any) -> None:
+        if name in self.NAMES:
+            self.seconds += duration
+            if name == self.NAMES[-1]:
+                self.count += 1
+
+    def snapshot(self) -> tuple[int, float]:
+        return self.count, self.seconds
+
+
+def machine_info(dtype: str) -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    dev = jax.devices()[0]
+    try:
+        import flax
+        flax_version = flax.__version__
+    except Exception:  # noqa: BLE001
+        flax_version = None
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "cpus_usable": affinity,
+            "memory_bytes": _total_memory(), "platform": platform.platform(),
+            "python": platform.python_version(), "jax": jax.__version__,
+            "jaxlib": getattr(jax.lib, "__version__", None) or _jaxlib_version(),
+            "flax": flax_version, "backend": jax.default_backend(), "device_kind": dev.device_kind,
+            "device_count": jax.device_count(), "dtype": dtype,
+            "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def _jaxlib_version() -> str | None:
+    try:
+        import jaxlib
+        return jaxlib.__version__
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _total_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def measure_peak(dtype: str, size: int, repeats: int) -> list[float]:
+    """FLOP/s samples of an ``[size, size] @ [size, size]`` ``jnp.dot`` in ``dtype``."""
+    key_a, key_b = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(key_a, (size, size), jnp.float32).astype(dtype)
+    b = jax.random.normal(key_b, (size, size), jnp.float32).astype(dtype)
+    dot = jax.jit(jnp.dot)
+    dot(a, b).block_until_ready()
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dot(a, b).block_until_ready()
+        out.append(2.0 * size ** 3 / (time.perf_counter() - t))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def optimizer(config: TrainConfig):
+    """``make_optimizer`` once per config: the same ``tx`` object is the same static argument
+    of ``train_step``, so equal models with equal configs share one compilation."""
+    return make_optimizer(config)
+
+
+# -- the benchmark ----------------------------------------------------------------------------
+
+class Bench:
+    """Runs the selected sections and collects their figures in ``self.result``."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.events = CompileEvents()
+        self.result: dict[str, Any] = {}
+        self._peak_samples: list[float] = []
+        self._prepared = None
+        self._config: Config | None = None
+
+    # -- configuration ---------------------------------------------------------------------
+    def config(self) -> Config:
+        """The shipped small preset (or its smoke-sized version on a corpus subset)."""
+        if self._config is None:
+            a = self.args
+            overrides = [f"workdir={a.cache_dir}", f"model.dtype={a.dtype}"]
+            if a.smoke:
+                corpus = write_smoke_corpus(Path(a.cache_dir) / "corpus")
+                overrides += [f"data.{split}.path={corpus / split}"
+                              for split in ("train", "dev", "test")]
+                overrides += ["data.max_len=32", "data.max_tokens=256", "tokenizer.vocab_size=300",
+                              "decode.max_tokens=256"]
+                overrides += [f"model.{k}={v}" for k, v in SMOKE_MODEL.items()]
+            self._config = load_config(a.config, overrides)
+        return self._config
+
+    def prepared(self):
+        """The preset's data in ``--cache-dir`` (tokenizer and token ids cached there)."""
+        if self._prepared is None:
+            config = self.config()
+            Path(self.args.cache_dir).mkdir(parents=True, exist_ok=True)
+            self._prepared = prepare(config, self.args.cache_dir)
+            self._config = fill_vocab_sizes(config, self._prepared.tokenizer)
+        return self._prepared
+
+    def fixed(self, name: str) -> dict[str, Any]:
+        """Model config, batch and decode shapes of a fixed preset, and its train config."""
+        if self.args.smoke:
+            self.prepared()
+            return {**SMOKE_FIXED, "model": self.config().model, "train": self.config().train}
+        spec = FIXED[name]
+        model = ModelConfig(**spec["model"], dropout_rate=0.1, dtype=self.args.dtype)
+        return {**spec, "model": model, "train": TrainConfig(label_smoothing=0.1)}
+
+    def peak(self) -> float:
+        """Median matmul FLOP/s over every peak sample taken so far in this run."""
+        if not self._peak_samples:
+            self.sample_peak()
+        return statistics.median(self._peak_samples)
+
+    def sample_peak(self) -> None:
+        a = self.args
+        self._peak_samples += measure_peak(a.dtype, a.peak_size, a.peak_repeats)
+        s = spread(self._peak_samples)
+        self.result["peak"] = {"what": f"jnp.dot of two [{a.peak_size}, {a.peak_size}] {a.dtype} "
+                                       "matrices, 2·n³ FLOPs per call",
+                               "size": a.peak_size, "dtype": a.dtype,
+                               "gflops_per_second": {k: (v / 1e9 if k != "n" else v)
+                                                     for k, v in s.items()}}
+        say(f"peak: {a.peak_size}x{a.peak_size} {a.dtype} matmul "
+            f"{s['median'] / 1e9:.1f} GFLOP/s (min {s['min'] / 1e9:.1f}, max {s['max'] / 1e9:.1f})")
+
+    # -- data --------------------------------------------------------------------------------
+    def run_data(self) -> None:
+        say("\n== data ==")
+        config = self.config()
+        out: dict[str, Any] = {}
+        with tempfile.TemporaryDirectory(prefix="bench-cold-") as cold:
+            t = time.perf_counter()
+            data = prepare(replace(config, workdir=cold), cold)  # as the training loop does
+            data.train.batch_at(0)
+            out["time_to_first_batch_new_run_seconds"] = time.perf_counter() - t
+            out["note"] = ("prepare() + the first batch, as at the start of training; the "
+                           "Hugging Face datasets cache and the OS file cache may be warm")
+            out["new_run_stats"] = {k: data.stats.get(k) for k in (
+                "read_seconds", "tokenizer_seconds", "tokenize_sentences", "tokenize_seconds",
+                "tokenize_sentences_per_second")}
+            cache = Path(self.args.cache_dir)
+            if not (cache / "spm.model").is_file():  # seed the cache for the other sections
+                cache.mkdir(parents=True, exist_ok=True)
+                shutil.copytree(cold, cache, dirs_exist_ok=True)
+            del data
+        say(f"time to first batch, new run directory (reads, trains SentencePiece, tokenizes, "
+            f"packs): {out['time_to_first_batch_new_run_seconds']:.2f} s")
+
+        self._prepared = None
+        t = time.perf_counter()
+        data = self.prepared()
+        data.train.batch_at(0)
+        out["time_to_first_batch_cached_seconds"] = time.perf_counter() - t
+        out["cached_stats"] = {k: data.stats.get(k) for k in (
+            "read_seconds", "tokenizer_seconds", "token_cache_seconds")}
+        say(f"time to first batch, cached tokenizer and token ids: "
+            f"{out['time_to_first_batch_cached_seconds']:.2f} s "
+            f"(of which reading the corpus {data.stats['read_seconds']:.2f} s)")
+
+        corpus = self.train_text()
+        texts = corpus[0] + corpus[1]
+        tok = data.tokenizer
+        samples = []
+        for _ in range(self.args.tokenize_repeats):
+            t = time.perf_counter()
+            tok.source.encode(corpus[0])
+            tok.target.encode(corpus[1])
+            samples.append(len(texts) / (time.perf_counter() - t))
+        out["tokenize_sentences_per_second"] = spread(samples)
+        out["tokenize_sentences"] = len(texts)
+        out["tokenize_threads"] = "SentencePiece num_threads=0 (all cores)"
+        say(f"SentencePiece encode, both sides of the training split ({len(texts)} sentences): "
+            f"{fmt(spread(samples))} sentences/s")
+        self.result["data"] = out
+
+    def train_text(self) -> tuple[list[str], list[str]]:
+        from seq2seq.data.sources import load_parallel
+        d = self.config().data
+        ds = load_parallel(d.train, d.src_lang, d.tgt_lang, skip_empty=d.skip_empty)
+        return list(ds["source"]), list(ds["target"])
+
+    # -- training ----------------------------------------------------------------------------
+    def run_train(self) -> None:
+        say("\n== train ==")
+        self.peak()
+        out: dict[str, Any] = {}
+        for name in self.args.presets:
+            if name == "tatoeba":
+                out[name] = self.train_tatoeba()
+            else:
+                out[name] = self.train_fixed(name)
+        self.result["train"] = out
+
+    def train_tatoeba(self) -> dict[str, Any]:
+        a = self.args
+        data = self.prepared()
+        config = self.config()
+        n = a.warmup + a.steps
+        host, shapes, shares, real_tgt = [], set(), [], []
+        batches = []
+        for k in range(max(a.shape_batches, n)):
+            t = time.perf_counter()
+            batch = data.train.batch_at(k)
+            host.append(time.perf_counter() - t)
+            if k < a.shape_batches:
+                shapes.add(tuple((f, v.shape, str(v.dtype)) for f, v in sorted(batch.items())))
+                real = (batch["src_segments"] > 0).sum() + (batch["tgt_segments"] > 0).sum()
+                shares.append(float(real) / (batch["src"].size + batch["tgt"].size))
+            if k < n:
+                batches.append(batch)
+                real_tgt.append(int((batch["tgt_segments"] > 0).sum()))
+        rows, length = batches[0]["src"].shape
+        res = self.time_train(config.model, config.train, batches, rows, length, length,
+                              real_target_tokens=real_tgt[a.warmup:],
+                              bos_id=data.tokenizer.bos_id)
+        res["config"] = (f"{a.config} (shipped small preset, real corpus, "
+                         f"packing={config.data.packing})")
+        res["pipeline"] = {
+            "batches_checked": a.shape_batches, "distinct_batch_shapes": len(shapes),
+            "real_token_share": spread(shares),
+            "epoch_real_token_share": data.stats.get("train_real_token_share"),
+            "host_batch_seconds": spread(host),
+            "goal_real_token_share": GOALS["train_real_token_share"],
+            "goal_met": (bool(statistics.mean(shares) >= GOALS["train_real_token_share"])
+                         if not a.smoke else None)}
+        say(f"  pipeline: {len(shapes)} distinct batch shape(s) over {a.shape_batches} batches; "
+            f"real-token share {fmt(spread(shares))}; host time per batch "
+            f"{statistics.median(host) * 1e3:.1f} ms (not in the step time)")
+        return res
+
+    def train_fixed(self, name: str) -> dict[str, Any]:
+        a = self.args
+        spec = self.fixed(name)
+        cfg = spec["model"]
+        rng = np.random.default_rng(0)
+        rows, length = spec["batch"], spec["length"]
+        batches = []
+        for _ in range(a.warmup + a.steps):
+            batch = {side: rng.integers(FIRST_TOKEN, cfg.vocab_size, (rows, length), np.int32)
+                     for side in ("src", "tgt")}
+            for side in ("src", "tgt"):
+                batch[f"{side}_segments"] = np.ones((rows, length), np.int32)
+                batch[f"{side}_positions"] = np.broadcast_to(
+                    np.arange(length, dtype=np.int32), (rows, length)).copy()
+            batches.append(batch)
+        train_cfg = spec["train"]
+        res = self.time_train(cfg, train_cfg, batches, rows, length, length,
+                              real_target_tokens=[rows * length] * a.steps)
+        res["config"] = (f"fixed preset {name}: random tokens, no padding, dropout 0.1, label "
+                         f"smoothing 0.1, AdamW; batch {rows}x{length}")
+        ref_tok = REFERENCES["train_target_tokens_per_second"].get(name, {})
+        ref_gf = REFERENCES["train_gflops_per_second"].get(name, {})
+        goal = GOALS["train_mfu"].get(name)
+        res["reference"] = {"target_tokens_per_second": ref_tok, "gflops_per_second": ref_gf}
+        res["goal_mfu"] = goal
+        res["goal_met"] = bool(res["mfu"] >= goal) if goal is not None and not a.smoke else None
+        say(f"  reference target tokens/s: PyTorch MarianMT {ref_tok.get('pytorch_marianmt')}, "
+            f"Flax WMT {ref_tok.get('flax_wmt')}; "
+            f"GFLOP/s PyTorch {ref_gf.get('pytorch_marianmt')}; "
+            f"goal MFU >= {goal:.0%}" if goal is not None else "")
+        return res
+
+    def time_train(self, model_cfg: ModelConfig, train_cfg: TrainConfig, batches: list[dict],
+                   rows: int, src_len: int, tgt_len: int, *, real_target_tokens: list[int],
+                   bos_id: int = BOS_ID) -> dict[str, Any]:
+        """Compile and time ``seq2seq.training.step.train_step`` on ``batches``."""
+        a = self.args
+        model = build_model(model_cfg, train_cfg.seed)
+        tx = optimizer(train_cfg)
+        graphdef, state = create_train_state(model, tx, train_cfg.seed)
+        del model
+        n_params = int(sum(x.size for x in jax.tree.leaves(state.params)))
+        kw = dict(graphdef=graphdef, tx=tx, bos_id=bos_id,
+                  label_smoothing=train_cfg.label_smoothing)
+        device_batches = [{k: jnp.asarray(v) for k, v in b.items()} for b in batches]
+        cache_before = jit_cache_size(train_step)
+
+        count0, _ = self.events.snapshot()
+        t = time.perf_counter()
+        compiled = train_step.lower(state, device_batches[0], **kw).compile()
+        compile_seconds = time.perf_counter() - t
+        xla_flops = cost_flops(compiled)
+        del compiled
+
+        count1, _ = self.events.snapshot()
+        times = []
+        for i, batch in enumerate(device_batches):
+            t = time.perf_counter()
+            state, metrics = train_step(state, batch, **kw)
+            jax.block_until_ready((state, metrics))
+            if i >= a.warmup:
+                times.append(time.perf_counter() - t)
+        compilations_in_steps = self.events.snapshot()[0] - count1
+        loss = float(metrics["loss"] / metrics["tokens"])
+        cache_after = jit_cache_size(train_step)
+
+        flops = train_flops_breakdown(model_cfg, rows, src_len, tgt_len)
+        step = spread(times)
+        med = step["median"]
+        tokens = rows * (src_len + tgt_len)
+        real_tgt = statistics.mean(real_target_tokens)
+        achieved = flops["total"] / med
+        peak = self.peak()
+        res = {
+            "model": dataclasses.asdict(model_cfg), "parameters": n_params,
+            "matmul_parameters": matmul_params(model_cfg),
+            "batch_shape": {"rows": rows, "src_len": src_len, "tgt_len": tgt_len},
+            "step_seconds": step,
+            "tokens_per_second": tokens / med,
+            "target_tokens_per_second": rows * tgt_len / med,
+            "real_target_tokens_per_second": real_tgt / med,
+            "real_target_tokens_per_step": real_tgt,
+            "compile_seconds": compile_seconds,
+            "compilations": {"jit_cache_entries": (None if cache_after is None else
+                                                   cache_after - (cache_before or 0)),
+                             "backend_compiles_during_steps": compilations_in_steps,
+                             "backend_compiles_for_first_step": count1 - count0},
+            "model_flops_per_step": flops["total"],
+            "model_flops_breakdown": flops,
+            "xla_flops_per_step": xla_flops,
+            "xla_over_model_flops": (xla_flops / flops["total"]) if xla_flops else None,
+            "achieved_gflops_per_second": achieved / 1e9,
+            "peak_gflops_per_second": peak / 1e9,
+            "mfu": achieved / peak,
+            "final_loss": loss,
+        }
+        say(f"  {model_cfg.d_model}d {model_cfg.num_encoder_layers}+{model_cfg.num_decoder_layers} "
+            f"layers, {n_params / 1e6:.2f}M params, batch {rows}x{src_len}+{rows}x{tgt_len}: "
+            f"step {fmt(step)} s; compile {compile_seconds:.1f} s")
+        nan = float("nan")
+        say(f"  tokens/s {res['tokens_per_second']:.0f} (src+tgt), "
+            f"target {res['target_tokens_per_second']:.0f}, "
+            f"real target {res['real_target_tokens_per_second']:.0f}; "
+            f"model {flops['total'] / 1e9:.1f} GFLOP/step vs XLA "
+            f"{(xla_flops or nan) / 1e9:.1f} (ratio {res['xla_over_model_flops'] or nan:.3f}); "
+            f"{achieved / 1e9:.1f} GFLOP/s, MFU {res['mfu']:.1%}; jit cache entries "
+            f"{res['compilations']['jit_cache_entries']}, "
+            f"compiles during steps {compilations_in_steps}")
+        return res
+
+    def rescale_mfu(self) -> None:
+        """MFU against the median of all peak samples of the run (start and end)."""
+        peak = self.peak()
+        for name, res in self.result.get("train", {}).items():
+            res["peak_gflops_per_second"] = peak / 1e9
+            res["mfu"] = res["achieved_gflops_per_second"] * 1e9 / peak
+            goal = res.get("goal_mfu")
+            if goal is not None and not self.args.smoke:
+                res["goal_met"] = bool(res["mfu"] >= goal)
+
+    # -- decoding ----------------------------------------------------------------------------
+    def decode_model(self) -> tuple[Config, Any, Any, Any, str]:
+        """(config, tokenizer, graphdef, params, what) of the trained run or a random model."""
+        a = self.args
+        if a.workdir:
+            from seq2seq.workdir import load_trained
+            config, tokenizer, graphdef, params = load_trained(a.workdir)
+            return config, tokenizer, graphdef, params, f"trained run {a.workdir}"
+        data = self.prepared()
+        config = self.config()
+        model = build_model(config.model, config.train.seed)
+        graphdef, params = nnx.split(model, nnx.Param)
+        return (config, data.tokenizer, graphdef, params,
+                "randomly initialised model of the preset (untrained: outputs run to the length "
+                "limit, so this is a worst case; pass --workdir of a trained run)")
+
+    def test_sources(self, config: Config) -> list[str]:
+        """Source sentences of the test split of ``config`` (the trained run's, with --workdir)."""
+        from seq2seq.data.sources import load_parallel
+        d = config.data
+        ds = load_parallel(d.test, d.src_lang, d.tgt_lang, skip_empty=d.skip_empty,
+                           split_name="test")
+        return list(ds["source"])
+
+    def run_decode(self) -> None:
+        say("\n== decode ==")
+        a = self.args
+        out: dict[str, Any] = {}
+        if "tatoeba" in a.presets:
+            config, tokenizer, graphdef, params, what = self.decode_model()
+            out["model"] = what
+            say(f"model: {what}")
+            split = self.test_sources(config)
+            sources = split[: a.decode_limit] if a.decode_limit else split
+            out["test_split"] = {}
+            for beam in a.beams:
+                out["test_split"][f"beam{beam}"] = self.decode_test(
+                    config, tokenizer, graphdef, params, sources, beam,
+                    full=len(sources) == len(split))
+            out["kv_cache"] = self.kv_cache(config, tokenizer, graphdef, params, sources)
+        out["fixed"] = {name: self.decode_fixed(name) for name in a.presets if name in FIXED}
+        self.result["decode"] = out
+
+    def decode_test(self, config, tokenizer, graphdef, params, sources, beam, *,
+                    full: bool) -> dict[str, Any]:
+        dcfg = dataclasses.replace(config.decode, beam_size=beam)
+        translator = Translator(graphdef, params, tokenizer, dcfg,
+                                max_src_len=decode_source_limit(config))
+        c0, s0 = self.events.snapshot()
+        t = time.perf_counter()
+        hyps = translator.translate(sources)
+        wall = time.perf_counter() - t
+        c1, s1 = self.events.snapshot()
+        compile_s = s1 - s0
+        decode_s = max(wall - compile_s, 1e-9)
+        out_tokens = sum(len(h[0].tokens) + 1 for h, s in zip(hyps, sources) if s.strip())
+        src_tokens = sum(len(x) for x in tokenizer.encode(sources))
+        res = {"sentences": len(sources), "beam_size": beam,
+               "search": "greedy" if beam == 1 else "beam",
+               "seconds": decode_s, "compile_seconds": compile_s, "compilations": c1 - c0,
+               "seconds_with_compile": wall,
+               "sentences_per_second": len(sources) / decode_s,
+               "output_tokens_per_second": out_tokens / decode_s,
+               "output_tokens": out_tokens, "source_tokens": src_tokens,
+               "mean_output_tokens": out_tokens / max(len(sources), 1),
+               "decode_config": dataclasses.asdict(dcfg),
+               "timing": "one pass through seq2seq.translation.Translator; compile time = JAX "
+                         "compile events (trace + lowering + XLA) during the pass, decode time "
+                         "= wall time minus compile time"}
+        if beam == 4:
+            res["goal_seconds"] = GOALS["test_split_beam4_seconds"]
+            applies = full and len(sources) == GOALS["test_split_sentences"]
+            res["goal_met"] = bool(wall < GOALS["test_split_beam4_seconds"]) if applies else None
+        search = "greedy (beam 1)" if beam == 1 else f"beam {beam}"
+        say(f"  test split, {search}: {len(sources)} sentences "
+            f"in {decode_s:.2f} s + compile {compile_s:.2f} s ({c1 - c0} compilations): "
+            f"{res['sentences_per_second']:.1f} sentences/s, {res['output_tokens_per_second']:.0f} "
+            f"output tokens/s (mean output {res['mean_output_tokens']:.1f} tokens incl. EOS)")
+        return res
+
+    def kv_cache(self, config, tokenizer, graphdef, params, sources) -> dict[str, Any]:
+        """Greedy with the library's KV cache against a decoder that recomputes the prefix."""
+        a = self.args
+        ids = [x for x in tokenizer.encode(sources[: a.kv_sentences]) if len(x) > 1]
+        ids.sort(key=len)
+        limit = decode_source_limit(config)
+        ids = [x[:limit] for x in ids]
+        width = bucket_length(max(len(x) for x in ids), limit)
+        rows = min(a.kv_rows, len(ids))
+        max_len = int(config.decode.max_len_a * width + config.decode.max_len_b)
+        batches = []
+        for start in range(0, len(ids), rows):
+            chunk = ids[start:start + rows]
+            src = np.full((rows, width), tokenizer.pad_id, np.int32)
+            lengths = np.ones((rows,), np.int32)
+            for r, x in enumerate(chunk):
+                src[r, :len(x)] = x
+                lengths[r] = len(x)
+            max_lengths = np.minimum(np.ceil(config.decode.max_len_a * lengths
+                                             + config.decode.max_len_b), max_len).astype(np.int32)
+            segments = (src != tokenizer.pad_id).astype(np.int32)
+            batches.append((jnp.asarray(src), jnp.asarray(segments), jnp.asarray(max_lengths),
+                            len(chunk)))
+        special = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+
+        def cached(src, seg, max_lengths):
+            tokens, _ = greedy_search_jit(params, src, seg, max_lengths, graphdef=graphdef,
+                                          max_len=max_len, **special)
+            return np.asarray(tokens)
+
+        def uncached(src, seg, max_lengths):
+            return no_cache_greedy(graphdef, params, src, seg, max_lengths, max_len=max_len,
+                                   prefix_step=a.kv_prefix_step, **special)
+
+        res: dict[str, Any] = {"sentences": len(ids), "batch_rows": rows, "source_width": width,
+                               "max_len": max_len, "prefix_rounding": a.kv_prefix_step}
+        outputs = {}
+        for name, fn in (("kv_cache", cached), ("no_cache", uncached)):
+            c0, _ = self.events.snapshot()
+            t = time.perf_counter()
+            warm = batches[0]  # full length limits: compiles every prefix length used below
+            fn(warm[0], warm[1], jnp.full_like(warm[2], max_len))
+            res[f"{name}_compile_and_first_batch_seconds"] = time.perf_counter() - t
+            c1, _ = self.events.snapshot()
+            t = time.perf_counter()
+            outputs[name] = [fn(*b[:3])[: b[3]] for b in batches]
+            seconds = time.perf_counter() - t
+            res[f"{name}_seconds"] = seconds
+            res[f"{name}_sentences_per_second"] = len(ids) / seconds
+            res[f"{name}_compilations"] = c1 - c0
+            res[f"{name}_compilations_while_timed"] = self.events.snapshot()[0] - c1
+        same = [np.array_equal(x, y) for bx, by in zip(outputs["kv_cache"], outputs["no_cache"])
+                for x, y in zip(bx, by)]
+        res["same_output_share"] = float(np.mean(same))
+        res["speedup"] = res["no_cache_seconds"] / res["kv_cache_seconds"]
+        res["method"] = ("greedy on the first test sentences (sorted by length, one batch shape); "
+                         "kv_cache = seq2seq.decoding.greedy_search (lax.while_loop, KV cache); "
+                         "no_cache = Transformer.decode over the whole prefix at every step "
+                         "(all decoder layers, cross-attention K/V and the output projection "
+                         "recomputed), prefix padded up to a multiple of prefix_rounding "
+                         "positions to bound compilations (causal mask: the padding changes "
+                         "nothing), one jit call per step")
+        say(f"  KV cache vs recomputing the prefix (greedy, {len(ids)} sentences, "
+            f"{rows}x{width} sources, max {max_len} steps): {res['kv_cache_seconds']:.2f} s vs "
+            f"{res['no_cache_seconds']:.2f} s, speed-up {res['speedup']:.2f}x; identical output "
+            f"for {res['same_output_share']:.0%} of sentences")
+        return res
+
+    def decode_fixed(self, name: str) -> dict[str, Any]:
+        """Beam 4 on random sources, EOS suppressed: exactly ``decode_length`` output tokens."""
+        a = self.args
+        spec = self.fixed(name)
+        cfg = dataclasses.replace(spec["model"], dropout_rate=0.0)
+        n, length = spec["decode_sentences"], spec["decode_length"]
+        model = build_model(cfg, 0)
+        graphdef, params = nnx.split(model, nnx.Param)
+        rng = np.random.default_rng(1)
+        src = rng.integers(FIRST_TOKEN, cfg.vocab_size, (n, length), dtype=np.int32)
+        src[:, -1] = EOS_ID
+        args = (params, jnp.asarray(src), jnp.ones((n, length), jnp.int32),
+                jnp.full((n,), length, jnp.int32))
+        kw = dict(graphdef=graphdef, beam_size=4, max_len=length, alpha=0.6, bos_id=BOS_ID,
+                  eos_id=EOS_ID, pad_id=PAD_ID, length_penalty_kind="gnmt")
+        # EOS is forbidden before the last position and forced there (max_lengths = length), so
+        # every hypothesis has exactly `length` tokens: `length` decoder steps per sentence.
+        try:
+            kw_min = {**kw, "min_length": length}
+            t = time.perf_counter()
+            beam_search_jit.lower(*args, **kw_min).compile()
+            kw = kw_min
+        except TypeError:  # a beam_search without min_length: EOS not suppressed
+            t = time.perf_counter()
+            beam_search_jit.lower(*args, **kw).compile()
+        compile_s = time.perf_counter() - t
+        out = beam_search_jit(*args, **kw)
+        lengths = np.asarray(out.lengths)
+        times = []
+        for _ in range(a.decode_repeats):
+            t = time.perf_counter()
+            jax.block_until_ready(beam_search_jit(*args, **kw))
+            times.append(time.perf_counter() - t)
+        s = spread(times)
+        sps = {k: (n / v if k != "n" else v) for k, v in s.items()}
+        sps["min"], sps["max"] = n / s["max"], n / s["min"]
+        ref = REFERENCES["decode_beam4_sentences_per_second"].get(name, {})
+        goal = GOALS["decode_speedup_over_pytorch"] * ref["pytorch_marianmt"] if ref else None
+        res = {"sentences": n, "source_tokens": length, "output_tokens": length, "beam_size": 4,
+               "eos_suppressed": "min_length" in kw,
+               "all_outputs_exact_length": bool(np.all(lengths[:, 0] == length)),
+               "seconds": s, "sentences_per_second": sps, "compile_seconds": compile_s,
+               "model": dataclasses.asdict(cfg), "reference": ref,
+               "goal_sentences_per_second": goal,
+               "goal_met": bool(sps["median"] >= goal) if goal and not a.smoke else None,
+               "method": f"seq2seq.decoding.beam_search, one batch of {n} random sources, "
+                         f"max_len = min_length = {length} (EOS only at the last position)"}
+        say(f"  fixed {name}: beam 4, {n} sources x {length} tokens -> {length} tokens: "
+            f"{fmt(sps)} sentences/s (compile {compile_s:.1f} s); reference PyTorch MarianMT "
+            f"{ref.get('pytorch_marianmt')}, Flax WMT {ref.get('flax_wmt')}; goal >= {goal}")
+        return res
+
+    # -- attention memory --------------------------------------------------------------------
+    def run_attention(self) -> None:
+        say("\n== attention memory ==")
+        a = self.args
+        m = self.config().model
+        d, heads = m.d_model, m.num_heads
+        dtype = jnp.dtype(a.dtype)
+        out: dict[str, Any] = {"d_model": d, "heads": heads, "batch": 1, "dtype": a.dtype,
+                               "chunk": a.attention_chunk, "lengths": {},
+                               "measure": "compiled executable's memory_analysis(): temporary "
+                                          "bytes of value_and_grad of one self-attention layer "
+                                          "(projections + attention, segment mask built from "
+                                          "segment ids); nothing is run"}
+        paths = {"default": attention_layer_default, "chunked": functools.partial(
+            attention_layer_chunked, chunk=a.attention_chunk)}
+        if jax.default_backend() == "gpu":
+            paths["cudnn"] = attention_layer_cudnn
+        layer = MultiHeadAttention(d, heads, dtype=dtype, rngs=nnx.Rngs(0))
+        graphdef, params = nnx.split(layer)
+        out["chunked_check"] = check_chunked(d, heads, chunk=max(1, a.attention_chunk // 8))
+        check = out["chunked_check"]
+        say(f"  chunked = default on a packed, padded row (n={check['n']}): max |diff| of output "
+            f"and gradients {check['max_abs_diff']:.2e}")
+        for n in a.attention_lengths:
+            row: dict[str, Any] = {"scores_bytes_per_layer": n * n * heads * 4}
+            for name, fn in paths.items():
+                row[name] = compiled_memory(fn, graphdef, params, n, d, dtype)
+            out["lengths"][str(n)] = row
+            say(f"  n={n}: " + ", ".join(
+                f"{k} temp {v['temp_bytes'] / 2**20:.1f} MiB" if v.get("temp_bytes") is not None
+                else f"{k} {v}" for k, v in row.items() if isinstance(v, dict)))
+        self.result["attention"] = out
+
+    # -- memory (child processes) ------------------------------------------------------------
+    def run_memory(self) -> None:
+        say("\n== memory ==")
+        self.prepared()  # so that no child trains a tokenizer
+        out: dict[str, Any] = {"method": "each phase in its own child process of this script; "
+                                         "peak RSS = VmHWM of /proc/self/status (else "
+                                         "getrusage ru_maxrss); "
+                                         "baseline = RSS after imports, setup = RSS with data "
+                                         "and model ready, before the first step"}
+        phases = ("train", "decode")
+        # One after the other, so that each has the machine to itself (--smoke: side by side).
+        procs = {}
+        for phase in phases:
+            procs[phase] = self.child(phase)
+            if not self.args.smoke:
+                procs[phase].wait()
+        for phase in phases:
+            stdout, stderr = procs[phase].communicate()
+            if procs[phase].returncode != 0:
+                raise RuntimeError(f"memory child {phase} failed:\n{stderr[-4000:]}")
+            out[phase] = r = json.loads(stdout.strip().splitlines()[-1])
+            say(f"  {phase}: peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB (after imports "
+                f"{(r['baseline_rss_bytes'] or 0) / 2**20:.0f} MiB, after setup "
+                f"{(r['setup_rss_bytes'] or 0) / 2**20:.0f} MiB); device {r.get('device_memory')}")
+        self.result["memory"] = out
+
+    def child(self, phase: str) -> subprocess.Popen:
+        a = self.args
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-child", phase,
+               "--config", a.config, "--cache-dir", a.cache_dir, "--dtype", a.dtype,
+               "--steps", str(a.steps), "--warmup", str(a.warmup),
+               "--memory-decode-sentences", str(a.memory_decode_sentences)]
+        if a.smoke:
+            cmd.append("--smoke")
+        if a.workdir:
+            cmd += ["--workdir", a.workdir]
+        # No up-front GPU memory grab: the parent still holds its own, and the allocator's
+        # peak is then what the phase really used.
+        env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=os.getcwd(), env=env)
+
+    def memory_child(self, phase: str) -> dict[str, Any]:
+        a = self.args
+        baseline = rss_now()
+        if phase == "train":
+            data = self.prepared()
+            config = self.config()
+            batches = [data.train.batch_at(k) for k in range(a.warmup + a.steps)]
+            model = build_model(config.model, config.train.seed)
+            tx = make_optimizer(config.train)
+            graphdef, state = create_train_state(model, tx, config.train.seed)
+            del model
+            kw = dict(graphdef=graphdef, tx=tx, bos_id=data.tokenizer.bos_id,
+                      label_smoothing=config.train.label_smoothing)
+            setup = rss_now()
+            for batch in batches:
+                batch = {k: jnp.asarray(v) for k, v in batch.items()}
+                state, metrics = train_step(state, batch, **kw)
+            jax.block_until_ready((state, metrics))
+            what = f"{a.warmup + a.steps} training steps of the preset on the real corpus"
+        else:
+            config, tokenizer, graphdef, params, model_what = self.decode_model()
+            sources = self.test_sources(config)
+            every = max(1, len(sources) // max(a.memory_decode_sentences, 1))
+            sources = sources[::every][: a.memory_decode_sentences]
+            setup = rss_now()
+            Translator(graphdef, params, tokenizer, dataclasses.replace(config.decode, beam_size=4),
+                       max_src_len=decode_source_limit(config)).translate(sources)
+            what = (f"beam-4 translation of {len(sources)} test sentences spread over the split "
+                    f"({model_what.split(' (')[0]})")
+        return {"phase": phase, "what": what, "baseline_rss_bytes": baseline,
+                "setup_rss_bytes": setup, "peak_rss_bytes": peak_rss(),
+                "device_memory": device_memory()}
+
+
+# -- decoding without a cache -----------------------------------------------------------------
+
+def _positions(segments: jax.Array) -> jax.Array:
+    return jnp.where(segments > 0, jnp.arange(segments.shape[1])[None, :], 0).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _encode(params, src, src_segments, *, graphdef):
+    return nnx.merge(graphdef, params).encode(src, src_segments, _positions(src_segments))
+
+
+@functools.partial(jax.jit,
+                   static_argnames=("graphdef", "prefix_len", "bos_id", "eos_id", "pad_id"))
+def _no_cache_step(params, encoded, src_segments, dec_in, out, finished, max_lengths, index, *,
+                   graphdef, prefix_len, bos_id, eos_id, pad_id):
+    """One greedy step that runs the whole decoder over ``dec_in[:, :prefix_len]``."""
+    model = nnx.merge(graphdef, params)
+    prefix = dec_in[:, :prefix_len]
+    segments = jnp.ones_like(prefix)
+    positions = jnp.broadcast_to(jnp.arange(prefix_len, dtype=jnp.int32), prefix.shape)
+    logits = model.decode(prefix, segments, positions, encoded, src_segments)
+    logits = jax.lax.dynamic_index_in_dim(logits, index, axis=1, keepdims=False)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+    token = jnp.arange(logp.shape[-1])
+    # the same rules as seq2seq.decoding.greedy_search
+    banned = (token == pad_id) | (token == bos_id)
+    banned = banned | ((index + 1 >= max_lengths)[:, None] & (token != eos_id))
+    tok = jnp.argmax(jnp.where(banned, -1e9, logp), axis=-1).astype(jnp.int32)
+    live = ~finished
+    cols = jnp.arange(out.shape[1])
+    out = jnp.where((cols == index) & live[:, None], tok[:, None], out)
+    dec_in = jnp.where(cols == index + 1, tok[:, None], dec_in)
+    return dec_in, out, finished | (tok == eos_id)
+
+
+def no_cache_greedy(graphdef, params, src, src_segments, max_lengths, *, max_len: int,
+                    prefix_step: int, bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
+    """Greedy decoding that recomputes the decoder over the prefix at every step (no KV cache).
+
+    Returns the same int32 ``[batch, max_len]`` tokens as ``seq2seq.decoding.greedy_search``.
+    """
+    batch = src.shape[0]
+    encoded = _encode(params, src, src_segments, graphdef=graphdef)
+    dec_in = jnp.full((batch, max_len), pad_id, jnp.int32).at[:, 0].set(bos_id)
+    out = jnp.full((batch, max_len), pad_id, jnp.int32)
+    finished = jnp.zeros((batch,), bool)
+    max_lengths = jnp.minimum(max_lengths, max_len)
+    for i in range(max_len):
+        prefix_len = min(max_len, -(-(i + 1) // prefix_step) * prefix_step)
+        dec_in, out, finished = _no_cache_step(
+            params, encoded, src_segments, dec_in, out, finished, max_lengths, jnp.int32(i),
+            graphdef=graphdef, prefix_len=prefix_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+        if bool(jnp.all(finished)):
+            break
+    return np.asarray(out)
+
+
+# -- attention memory ---------------------------------------------------------------------------
+
+def _qkv(layer: MultiHeadAttention, x: jax.Array):
+    split = lambda y: y.reshape(*y.shape[:-1], layer.num_heads, layer.head_dim)
+    return split(layer.query(x)), split(layer.key(x)), split(layer.value(x))
+
+
+def attention_layer_default(layer: MultiHeadAttention, x: jax.Array, segments: jax.Array):
+    """The model's path: a dense ``[batch, 1, n, n]`` mask and ``jax.nn.dot_product_attention``."""
+    return layer(x, x, segment_mask(segments, segments))
+
+
+def chunked_attention(q, k, v, q_segments, k_segments, *, chunk: int) -> jax.Array:
+    """softmax(QKᵀ/√d)V computed one block of ``chunk`` queries at a time.
+
+    Each block's scores ``[batch, heads, chunk, n]`` exist only inside a ``jax.checkpoint``
+    (recomputed in the backward pass), so memory grows as O(n·chunk), not O(n²). Same
+    semantics as the model's attention with ``segment_mask``.
+
+    Args:
+      q, k, v: ``[batch, n, heads, head_dim]``; ``n`` divisible by ``chunk``.
+      q_segments, k_segments: int ``[batch, n]``.
+    """
+    b, n, h, dh = q.shape
+    blocks = n // chunk
+    qb = q.reshape(b, blocks, chunk, h, dh).swapaxes(0, 1)
+    sb = q_segments.reshape(b, blocks, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def block(args):
+        qi, si = args
+        return dot_product_attention(qi, k, v, segment_mask(si, k_segments))
+
+    return jax.lax.map(block, (qb, sb)).swapaxes(0, 1).reshape(b, n, h, dh)
+
+
+def attention_layer_chunked(layer: MultiHeadAttention, x: jax.Array, segments: jax.Array, *,
+                            chunk: int):
+    q, k, v = _qkv(layer, x)
+    out = chunked_attention(q, k, v, segments, segments, chunk=min(chunk, x.shape[1]))
+    return layer.out(out.reshape(*out.shape[:-2], -1))
+
+
+def attention_layer_cudnn(layer: MultiHeadAttention, x: jax.Array, segments: jax.Array):
+    """cuDNN flash attention (GPU, fp16/bf16); padding given as lengths, no dense mask."""
+    q, k, v = _qkv(layer, x)
+    lengths = jnp.sum(segments > 0, axis=1).astype(jnp.int32)
+    out = jax.nn.dot_product_attention(q, k, v, query_seq_lengths=lengths,
+                                       key_value_seq_lengths=lengths, implementation="cudnn")
+    return layer.out(out.reshape(*out.shape[:-2], -1))
+
+
+def check_chunked(d: int, heads: int, *, chunk: int) -> dict[str, Any]:
+    """Largest difference between the chunked and the default path (float32): the output and
+    the gradients of a random loss, on one row of 3 packed segments and padding."""
+    n = 8 * chunk
+    x = jax.random.normal(jax.random.key(1), (1, n, d), jnp.float32)
+    cotangent = jax.random.normal(jax.random.key(2), (1, n, d), jnp.float32)
+    segments = jnp.concatenate([jnp.full((3 * chunk,), 1), jnp.full((2 * chunk + 5,), 2),
+                                jnp.full((2 * chunk - 5,), 3), jnp.zeros((chunk,))])[None]
+    segments = segments.astype(jnp.int32)
+    graphdef, params = nnx.split(MultiHeadAttention(d, heads, dtype=jnp.float32, rngs=nnx.Rngs(0)))
+
+    def run(fn):
+        def loss(p, x):
+            y = fn(nnx.merge(graphdef, p), x, segments).astype(jnp.float32)
+            return jnp.sum(y * cotangent), y
+        (_, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+        return y, grads
+
+    ref, got = run(attention_layer_default), run(functools.partial(attention_layer_chunked,
+                                                                   chunk=chunk))
+    diffs = jax.tree.map(lambda u, v: jnp.max(jnp.abs(u - v)), ref, got)
+    return {"n": n, "chunk": chunk, "max_abs_diff": float(max(jax.tree.leaves(diffs)))}
+
+
+def compiled_memory(fn: Callable, graphdef, params, n: int, d: int, dtype) -> dict[str, Any]:
+    """Memory of ``value_and_grad`` of ``sum(fn(layer, x, segments))`` at length ``n``."""
+    def loss(p, x, segments):
+        return jnp.sum(fn(nnx.merge(graphdef, p), x, segments).astype(jnp.float32))
+
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    x = jax.ShapeDtypeStruct((1, n, d), dtype)
+    segments = jax.ShapeDtypeStruct((1, n), jnp.int32)
+    abstract = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), params)
+    try:
+        t = time.perf_counter()
+        compiled = step.lower(abstract, x, segments).compile()
+        seconds = time.perf_counter() - t
+        mem = compiled.memory_analysis()
+    except Exception as e:  # noqa: BLE001 - e.g. cuDNN unavailable for this shape or dtype
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+    get = lambda name: int(getattr(mem, name)) if mem is not None and hasattr(mem, name) else None
+    return {"temp_bytes": get("temp_size_in_bytes"),
+            "argument_bytes": get("argument_size_in_bytes"),
+            "output_bytes": get("output_size_in_bytes"), "compile_seconds": seconds}
+
+
+# -- smoke corpus ---------------------------------------------------------------------------------
+
+def write_smoke_corpus(directory: Path, sizes=(("train", 1200), ("dev", 40), ("test", 24))) -> Path:
+    """First lines of the shipped corpus as small plain-text splits (for ``--smoke``)."""
+    data = ROOT / "data" / "tatoeba-en-es"
+    for split, count in sizes:
+        for lang in ("en", "es"):
+            path = directory / f"{split}.{lang}"
+            if path.is_file():
+                continue
+            directory.mkdir(parents=True, exist_ok=True)
+            with gzip.open(data / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(count)]
+            path.write_text("".join(lines), encoding="utf-8")
+    return directory
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default=",".join(SECTIONS),
+                   help=f"comma-separated sections to run: {','.join(SECTIONS)} (default all)")
+    p.add_argument("--preset", default=",".join(PRESETS),
+                   help="comma-separated configs for train/decode: tatoeba (shipped preset on the "
+                        "real corpus), tiny, base (fixed shapes) (default all)")
+    p.add_argument("--steps", type=int, default=None, help="timed training steps (default 10)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 2)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                   help="compute dtype (default float32 on CPU, bfloat16 on GPU/TPU)")
+    p.add_argument("--config", default="configs/tatoeba_en_es.yaml", help="the small preset")
+    p.add_argument("--workdir", default=None,
+                   help="a trained run to decode with (default: a randomly initialised model)")
+    p.add_argument("--cache-dir", default=None,
+                   help="where the preset's tokenizer and token ids are cached "
+                        "(default runs/benchmark; a temporary directory with --smoke)")
+    p.add_argument("--beams", default="1,4", help="beam sizes on the test split (1 = greedy)")
+    p.add_argument("--decode-limit", type=int, default=None,
+                   help="decode only the first N test sentences (0 = all 2,780; default)")
+    p.add_argument("--decode-repeats", type=int, default=None,
+                   help="fixed-shape decode repeats (3)")
+    p.add_argument("--kv-sentences", type=int, default=None,
+                   help="sentences for the KV-cache test (128)")
+    p.add_argument("--kv-rows", type=int, default=64, help="batch rows for the KV-cache test")
+    p.add_argument("--kv-prefix-step", type=int, default=None,
+                   help="no-cache decoder: prefix length rounded up to a multiple of this (8)")
+    p.add_argument("--shape-batches", type=int, default=None,
+                   help="pipeline batches checked for distinct shapes (200)")
+    p.add_argument("--attention-lengths", default=None, help="default 1024,2048,4096,8192")
+    p.add_argument("--attention-chunk", type=int, default=None, help="query block size (512)")
+    p.add_argument("--peak-size", type=int, default=None,
+                   help="matmul size for the peak (2048 on CPU, 8192 on accelerators)")
+    p.add_argument("--peak-repeats", type=int, default=None, help="peak matmul samples (10)")
+    p.add_argument("--tokenize-repeats", type=int, default=None, help="tokenization repeats (3)")
+    p.add_argument("--memory-decode-sentences", type=int, default=None,
+                   help="test sentences decoded by the memory child (256)")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny shapes, 2 steps, a few sentences: checks that the script runs")
+    p.add_argument("--out", default=None, help="write the figures as JSON to this file")
+    p.add_argument("--memory-child", choices=("train", "decode"), help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+
+    accelerator = jax.default_backend() != "cpu"
+    smoke = a.smoke
+    defaults = dict(steps=(2 if smoke else 10), warmup=(1 if smoke else 2),
+                    dtype=("bfloat16" if accelerator else "float32"),
+                    decode_limit=(8 if smoke else 0), decode_repeats=(1 if smoke else 3),
+                    kv_prefix_step=(64 if smoke else 8),
+                    kv_sentences=(8 if smoke else 128), shape_batches=(20 if smoke else 200),
+                    attention_lengths=("64,128" if smoke else "1024,2048,4096,8192"),
+                    attention_chunk=(32 if smoke else 512),
+                    peak_size=(256 if smoke else (8192 if accelerator else 2048)),
+                    peak_repeats=(3 if smoke else 10), tokenize_repeats=(1 if smoke else 3),
+                    memory_decode_sentences=(8 if smoke else 256))
+    for k, v in defaults.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if smoke and a.kv_rows == 64:
+        a.kv_rows = 4
+    a.sections = [s for s in a.only.split(",") if s]
+    a.presets = [s for s in a.preset.split(",") if s]
+    a.beams = [int(b) for b in a.beams.split(",") if b]
+    a.attention_lengths = [int(n) for n in a.attention_lengths.split(",") if n]
+    for s in a.sections:
+        if s not in SECTIONS:
+            p.error(f"unknown section {s!r}; choose from {', '.join(SECTIONS)}")
+    for s in a.presets:
+        if s not in PRESETS:
+            p.error(f"unknown preset {s!r}; choose from {', '.join(PRESETS)}")
+    if a.steps < 1 or a.warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tmp = None
+    if args.cache_dir is None:
+        if args.smoke:
+            tmp = tempfile.mkdtemp(prefix="bench-smoke-")
+            args.cache_dir = tmp
+        else:
+            args.cache_dir = str(Path("runs") / "benchmark")
+    if args.smoke:
+        # Smoke runs only check that the script works: let the memory children reuse the
+        # parent's compilations (never in a real run, where compile time and memory count).
+        jax.config.update("jax_compilation_cache_dir", str(Path(args.cache_dir) / "xla-cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    try:
+        import datasets
+        datasets.disable_progress_bars()
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+    bench = Bench(args)
+    if args.memory_child:
+        print(json.dumps(bench.memory_child(args.memory_child)))
+        return 0
+    start = time.perf_counter()
+    bench.result["meta"] = {
+        "argv": sys.argv[1:] if argv is None else argv, "sections": args.sections,
+        "presets": args.presets, "smoke": args.smoke, "steps": args.steps, "warmup": args.warmup,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(args.dtype),
+        "config": args.config, "cache_dir": args.cache_dir,
+        "note": "figures from one run; on a shared machine check load_average_start/_end"}
+    m = bench.result["meta"]["machine"]
+    say(f"machine: {m['cpu']}, {m['cpus_usable']} usable cores, jax {m['jax']}, backend "
+        f"{m['backend']} ({m['device_kind']}), dtype {args.dtype}, load {m['load_average_start']}")
+    try:
+        seconds = bench.result["meta"]["section_seconds"] = {}
+        for section in SECTIONS:  # a fixed order: data first fills the cache the others use
+            if section in args.sections:
+                t = time.perf_counter()
+                getattr(bench, f"run_{section}")()
+                seconds[section] = time.perf_counter() - t
+        if "train" in args.sections:
+            bench.sample_peak()  # a second peak sample at the end, against drift in load
+            bench.rescale_mfu()
+        bench.result["preset_config"] = _jsonable(dataclasses.asdict(bench.config()))
+        bench.result["references"] = REFERENCES
+        bench.result["goals"] = GOALS
+        m["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+        bench.result["meta"]["seconds"] = time.perf_counter() - start
+        bench.result["meta"]["peak_rss_bytes"] = peak_rss()
+        bench.result["meta"]["device_memory"] = device_memory()
+        say("\n== README rows (Benchmarks section) ==\n" + readme_rows(bench.result))
+        if args.out:
+            Path(args.out).write_text(json.dumps(_jsonable(bench.result), indent=1) + "\n")
+            say(f"\nwrote {args.out}")
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def readme_rows(r: dict[str, Any]) -> str:
+    """The figures of ``r`` as rows of the README's Benchmarks tables (sections that ran)."""
+    def num(x, digits=3):
+        return "—" if x is None else f"{x:,.{digits}g}" if abs(x) < 10 ** digits else f"{x:,.0f}"
+
+    def rng(s, scale=1.0):
+        return f"{num(s['median'] * scale)} ({num(s['min'] * scale)}–{num(s['max'] * scale)})"
+
+    lines = []
+    m = r["meta"]["machine"]
+    peak = r.get("peak", {}).get("gflops_per_second")
+    lines.append(f"Machine: {m['cpu']}, {m['cpus_usable']} cores; jax {m['jax']}; backend "
+                 f"{m['backend']} ({m['device_kind']}); dtype {m['dtype']}; matmul peak "
+                 f"{rng(peak) if peak else '—'} GFLOP/s; load {m['load_average_start']}")
+    for name, t in r.get("train", {}).items():
+        b = t["batch_shape"]
+        p = t.get("pipeline")
+        ref = t.get("reference", {}).get("target_tokens_per_second", {})
+        shapes = (f"{t['compilations']['jit_cache_entries']} / "
+                  f"{p['distinct_batch_shapes'] if p else '—'}")
+        real = f"{p['real_token_share']['median']:.1%}" if p else "100%"
+        lines.append(
+            f"| {name} | {b['rows']}×{b['src_len']} | {rng(t['step_seconds'])} | "
+            f"{num(t['tokens_per_second'])} | {num(t['real_target_tokens_per_second'])} | "
+            f"{num(t['compile_seconds'])} | {shapes} | {real} | "
+            f"{num(t['model_flops_per_step'] / 1e9)} ({num(t['xla_over_model_flops'])}) | "
+            f"{num(t['achieved_gflops_per_second'])} | {t['mfu']:.1%} | "
+            f"{ref.get('pytorch_marianmt', '—')} / {ref.get('flax_wmt', '—')} |")
+    d = r.get("decode", {})
+    for name, t in d.get("test_split", {}).items():
+        lines.append(f"| test split, {name} | {num(t['sentences_per_second'])} | "
+                     f"{num(t['output_tokens_per_second'])} | {num(t['compile_seconds'])} | "
+                     f"{num(t['seconds_with_compile'])} |")
+    for name, t in d.get("fixed", {}).items():
+        lines.append(f"| {name}, beam 4 | {rng(t['sentences_per_second'])} | | "
+                     f"{num(t['compile_seconds'])} | |")
+    if "kv_cache" in d:
+        lines.append(f"| KV cache speed-up (greedy) | {num(d['kv_cache']['speedup'])}× |")
+    if "model" in d:
+        lines.append(f"decoding model: {d['model']}")
+    data, mem = r.get("data"), r.get("memory")
+    if data or mem:
+        mib = lambda x: "—" if x is None else f"{x / 2**20:,.0f} MiB"
+        dev = (mem or {}).get("train", {}).get("device_memory") or {}
+        lines.append(
+            f"| {rng(data['tokenize_sentences_per_second']) if data else '—'} | "
+            f"{num(data['time_to_first_batch_new_run_seconds']) if data else '—'} | "
+            f"{num(data['time_to_first_batch_cached_seconds']) if data else '—'} | "
+            f"{mib(mem['train']['peak_rss_bytes']) if mem else '—'} | "
+            f"{mib(mem['decode']['peak_rss_bytes']) if mem else '—'} | "
+            f"{mib(dev.get('peak_bytes_in_use'))} |")
+    att = r.get("attention")
+    if att:
+        for path in ("default", "chunked", "cudnn"):
+            cells = [row.get(path, {}) for row in att["lengths"].values()]
+            if any(cells):
+                lines.append(f"| {path} | " + " | ".join(
+                    f"{c['temp_bytes'] / 2**20:,.0f} MiB" if c.get("temp_bytes") is not None
+                    else "—" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+if __name__ == "__main__":
+    sys.exit(main())
