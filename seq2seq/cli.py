@@ -32,18 +32,25 @@ def _fail(message: str) -> int:
     return 2
 
 
-def train_main(argv: Sequence[str] | None = None) -> int:
-    """``seq2seq-train --config FILE [key=value ...]``: train, resume, then report test BLEU."""
-    parser = argparse.ArgumentParser(
-        prog="seq2seq-train", description="Train (or resume) a Transformer NMT run, then score "
-        "the test split with sacreBLEU. Rerun the same command to resume.")
+def _config_from_argv(prog: str, description: str, argv: Sequence[str] | None):
+    """Parse ``[--config FILE] [key=value ...]`` into a Config, or return exit code 2 on a bad config."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", help="YAML config (see configs/)")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=100")
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config, args.overrides)
+        return load_config(args.config, args.overrides)
     except ConfigError as e:
         return _fail(str(e))
+
+
+def train_main(argv: Sequence[str] | None = None) -> int:
+    """``seq2seq-train --config FILE [key=value ...]``: train, resume, then report test BLEU."""
+    config = _config_from_argv("seq2seq-train", "Train (or resume) a Transformer NMT run, then "
+                               "score the test split with sacreBLEU. Rerun the same command to "
+                               "resume.", argv)
+    if isinstance(config, int):
+        return config
     from seq2seq.sharding import initialize_distributed, is_main_process
     from seq2seq.training.loop import Interrupted, train  # heavy imports after arg checks
 
@@ -284,16 +291,11 @@ def params_main(argv: Sequence[str] | None = None) -> int:
     Builds the model abstractly (``nnx.eval_shape``: nothing allocated, so the big presets are
     instant). ``model.vocab_size`` 0 (fill from the tokenizer) is read as ``tokenizer.vocab_size``.
     """
-    parser = argparse.ArgumentParser(
-        prog="seq2seq-params", description="Print the model's parameter counts per component "
-        "(embeddings, attention, FFN, norms, positions) without allocating it.")
-    parser.add_argument("--config", help="YAML config (see configs/)")
-    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model.d_model=512")
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        return _fail(str(e))
+    config = _config_from_argv("seq2seq-params", "Print the model's parameter counts per "
+                               "component (embeddings, attention, FFN, norms, positions) without "
+                               "allocating it.", argv)
+    if isinstance(config, int):
+        return config
     from seq2seq.model.report import abstract_model, format_report, parameter_counts
 
     model_config = config.model
