@@ -1,5 +1,8 @@
 """Shared fixtures: tiny models and batches built in code."""
 
+import gzip
+from pathlib import Path
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,6 +12,17 @@ from seq2seq.data.batching import make_batch, pack
 from seq2seq.model import build_model
 
 BOS, EOS = 2, 3
+DATA = Path(__file__).resolve().parents[1] / "data" / "tatoeba-en-es"
+
+
+def write_split(directory: Path, name: str, start: int, count: int) -> str:
+    """Write lines ``start .. start+count`` of the shipped train split as ``{name}.en/.es``;
+    returns the path prefix (a ``text`` source's ``path``)."""
+    for lang in ("en", "es"):
+        with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines = f.read().split("\n")[start:start + count]
+        (directory / f"{name}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(directory / name)
 
 
 def tiny_config(**changes) -> ModelConfig:

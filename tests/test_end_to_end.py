@@ -1,29 +1,18 @@
 """A tiny run through the real command-line entry points: train → resume → evaluate → translate."""
 
-import gzip
 import json
-from pathlib import Path
 
 import pytest
 
+from conftest import write_split
 from seq2seq import cli
-
-DATA = Path(__file__).resolve().parents[1] / "data" / "tatoeba-en-es"
-
-
-def _write_split(tmp_path: Path, name: str, start: int, count: int) -> str:
-    for lang in ("en", "es"):
-        with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            lines = f.read().split("\n")[start:start + count]
-        (tmp_path / f"{name}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return str(tmp_path / name)
 
 
 @pytest.mark.slow
 def test_train_resume_evaluate_translate(tmp_path, capsys):
-    train = _write_split(tmp_path, "train", 0, 600)
-    dev = _write_split(tmp_path, "dev", 600, 40)
-    test = _write_split(tmp_path, "test", 640, 30)
+    train = write_split(tmp_path, "train", 0, 600)
+    dev = write_split(tmp_path, "dev", 600, 40)
+    test = write_split(tmp_path, "test", 640, 30)
     workdir = tmp_path / "run"
     overrides = [
         f"workdir={workdir}", f"data.train.path={train}", f"data.dev.path={dev}",

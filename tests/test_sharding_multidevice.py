@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import write_split
 from seq2seq.config import MeshConfig
 from seq2seq.sharding import Partitioner, make_mesh
 from seq2seq.training.checkpoints import Checkpointer
@@ -181,28 +182,15 @@ def test_two_processes_equal_one_device(runs):
     _assert_same_params(restored, reference)
 
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "tatoeba-en-es"
-
-
-def _write_split(directory: Path, name: str, start: int, count: int) -> str:
-    import gzip
-
-    for lang in ("en", "es"):
-        with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            lines = f.read().split("\n")[start:start + count]
-        (directory / f"{name}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return str(directory / name)
-
-
 def test_training_command_on_two_processes(tmp_path):
     """``seq2seq-train`` on 2 processes × 2 devices: one tokenizer, one log, one metrics file,
     a checkpoint written by both, the test set decoded on the mesh."""
     workdir = tmp_path / "run"
     port = _free_port()
     overrides = [
-        f"workdir={workdir}", f"data.train.path={_write_split(tmp_path, 'train', 0, 300)}",
-        f"data.dev.path={_write_split(tmp_path, 'dev', 300, 20)}",
-        f"data.test.path={_write_split(tmp_path, 'test', 320, 6)}", "data.max_len=32",
+        f"workdir={workdir}", f"data.train.path={write_split(tmp_path, 'train', 0, 300)}",
+        f"data.dev.path={write_split(tmp_path, 'dev', 300, 20)}",
+        f"data.test.path={write_split(tmp_path, 'test', 320, 6)}", "data.max_len=32",
         "data.max_tokens=512", "tokenizer.vocab_size=200", "model.d_model=32",
         "model.num_heads=2", "model.d_ff=64", "model.num_encoder_layers=1",
         "model.num_decoder_layers=1", "train.steps=4", "train.warmup_steps=2",
