@@ -199,14 +199,46 @@ def _gather_beams(x: jax.Array, beam_index: jax.Array) -> jax.Array:
 
 
 def _gather_cache(cache: Any, beam_index: jax.Array, beam_size: int) -> Any:
-    """Reorder the self-attention caches ``[batch·beam, ...]`` by source beam ``[batch, beam]``."""
+    """Reorder the self-attention caches ``[batch·beam, ...]`` by source beam ``[batch, beam]``.
+
+    A plain row gather (indices are in range by construction, so no bounds select).
+    """
     batch = beam_index.shape[0]
-
-    def reorder(x):
-        xb = x.reshape(batch, beam_size, *x.shape[1:])
-        return _gather_beams(xb, beam_index).reshape(x.shape)
-
+    rows = (jnp.arange(batch)[:, None] * beam_size + beam_index).reshape(-1)
+    reorder = lambda x: x.at[rows].get(mode="promise_in_bounds")
     return {**cache, "layers": jax.tree.map(reorder, cache["layers"])}
+
+
+def _top_continuations(logits: jax.Array, banned: jax.Array, alive_logp: jax.Array,
+                       n: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The ``n`` best continuations ``alive_logp + log p(token)`` of every sentence.
+
+    Equal to ``top_k`` over all ``beam·vocab`` candidates, done in two exact stages: each beam's
+    ``n`` best tokens by logit (log-softmax is a per-row shift, so the order is the same), then
+    the best ``n`` of those ``beam·n``. Ties keep ``top_k``'s order (lower beam, then lower token
+    first). Log-probabilities are computed only for the kept tokens.
+
+    Args:
+      logits: float32 ``[batch, beam, vocab]``.
+      banned: bool ``[batch, vocab]``, tokens that may not be generated (score ``NEG_INF``).
+      alive_logp: float32 ``[batch, beam]``.
+      n: candidates kept per sentence, ≤ beam·vocab.
+
+    Returns:
+      float32 ``[batch, n]`` total log-probabilities (descending), int32 ``[batch, n]`` source
+      beams and int32 ``[batch, n]`` tokens.
+    """
+    batch, beam, vocab = logits.shape
+    m = jnp.max(logits, axis=-1, keepdims=True)
+    log_z = jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1, keepdims=True))
+    per_beam = min(n, vocab)
+    top_logit, tok = jax.lax.top_k(jnp.where(banned[:, None, :], NEG_INF, logits), per_beam)
+    is_banned = jnp.take_along_axis(banned[:, None, :], tok, axis=-1)
+    logp = jnp.where(is_banned, NEG_INF, (top_logit - m) - log_z)
+    cand = (alive_logp[:, :, None] + logp).reshape(batch, beam * per_beam)
+    top_logp, idx = jax.lax.top_k(cand, n)
+    src_beam = (idx // per_beam).astype(jnp.int32)
+    return top_logp, src_beam, jnp.take_along_axis(tok.reshape(batch, -1), idx, axis=1)
 
 
 def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_lengths: jax.Array,
@@ -266,14 +298,10 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
     def body(s):
         i = s["i"]
         logits, cache = model.decode_step(s["last"].reshape(-1), i, s["cache"], k)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(batch, k, -1)
-        vocab = logp.shape[-1]
-        banned = _banned(vocab, i, max_lengths, min_length, bos_id=bos_id, eos_id=eos_id,
-                         pad_id=pad_id)
-        logp = jnp.where(banned[:, None, :], NEG_INF, logp)
-        cand = (s["alive_logp"][:, :, None] + logp).reshape(batch, k * vocab)
-        top_logp, top_idx = jax.lax.top_k(cand, 2 * k)
-        src_beam, tok = top_idx // vocab, (top_idx % vocab).astype(jnp.int32)
+        logits = logits.astype(jnp.float32).reshape(batch, k, -1)
+        banned = _banned(logits.shape[-1], i, max_lengths, min_length, bos_id=bos_id,
+                         eos_id=eos_id, pad_id=pad_id)
+        top_logp, src_beam, tok = _top_continuations(logits, banned, s["alive_logp"], 2 * k)
         seqs = _gather_beams(s["alive_seq"], src_beam)
         seqs = jnp.where(jnp.arange(max_len) == i, tok[:, :, None], seqs)
         valid = top_logp > NEG_INF / 2

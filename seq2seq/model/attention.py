@@ -99,6 +99,37 @@ def dot_product_attention(
     return (out, weights) if return_weights else out
 
 
+def cached_attention(query: jax.Array, key_cache: jax.Array, value_cache: jax.Array,
+                     mask: jax.Array, *, bias: jax.Array | None = None) -> jax.Array:
+    """softmax(Q Kᵀ / √d_k + B) V against a KV cache in the layout the matmuls want (eq. 1).
+
+    The cache is kept head-major so that neither product needs a transposed copy of it at every
+    decoding step: keys as ``[batch, heads, head_dim, max_len]`` (the right operand of Q Kᵀ,
+    contracted on ``head_dim``) and values as ``[batch, heads, max_len, head_dim]`` (the right
+    operand of P V, contracted on ``max_len``). On CPU this removes one full copy of every
+    layer's cache per step (about a sixth of beam-search time on the ``tiny`` preset).
+
+    Args:
+      query: ``[batch, q_len, heads, head_dim]``.
+      key_cache: ``[batch, heads, head_dim, max_len]``, same dtype as ``query``.
+      value_cache: ``[batch, heads, max_len, head_dim]``.
+      mask: bool, broadcastable to ``[batch, heads, q_len, max_len]``; True = attend. Every
+        query must be allowed at least one key (the current position always is).
+      bias: float32, broadcastable to ``[batch, heads, q_len, max_len]``, or None.
+
+    Returns:
+      ``[batch, q_len, heads, head_dim]`` in the query dtype; logits and softmax in float32.
+    """
+    depth = query.shape[-1]
+    logits = jnp.einsum("bqhd,bhdk->bhqk", query, key_cache, preferred_element_type=jnp.float32)
+    logits = logits / jnp.sqrt(jnp.float32(depth))
+    if bias is not None:
+        logits = logits + bias
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(value_cache.dtype)
+    return jnp.einsum("bhqk,bhkd->bqhd", probs, value_cache)
+
+
 class MultiHeadAttention(nnx.Module):
     """Multi-head attention with separate Q, K, V and output projections (§3.2.2).
 
@@ -189,6 +220,26 @@ class MultiHeadAttention(nnx.Module):
             self.sow(nnx.Intermediate, "attention_weights", weights)
         out = self.out(out.reshape(*out.shape[:-2], -1))
         return (out, weights) if return_weights else out
+
+    def attend_cache(self, x_q: jax.Array, key_cache: jax.Array, value_cache: jax.Array,
+                     mask: jax.Array, *, bias: jax.Array | None = None,
+                     rope_positions: jax.Array | None = None) -> jax.Array:
+        """``attend`` for incremental decoding, against a head-major KV cache (no dropout).
+
+        Args:
+          x_q: ``[batch, q_len, d_model]``.
+          key_cache: ``[batch, heads, head_dim, max_len]``; value_cache:
+            ``[batch, heads, max_len, head_dim]`` (see ``cached_attention``).
+          mask, bias: as ``cached_attention``.
+          rope_positions: int ``[batch or 1, q_len]``: rotate the queries (RoPE).
+
+        Returns ``[batch, q_len, d_model]``.
+        """
+        q = self._split(self.query(x_q))
+        if rope_positions is not None:
+            q = apply_rope(q, rope_positions, self.rope_base)
+        out = cached_attention(q, key_cache, value_cache, mask, bias=bias)
+        return self.out(out.reshape(*out.shape[:-2], -1))
 
     def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array | None, *,
                  bias: jax.Array | None = None, rope_positions: jax.Array | None = None,

@@ -173,8 +173,9 @@ class DecoderLayer(nnx.Module):
 
         Args:
           x: ``[batch·beam, 1, d_model]``, the embedded token at position ``index``.
-          cache: ``{"key", "value"}``, each ``[batch·beam, max_len, heads, head_dim]``; keys
-            are stored already rotated when RoPE is used.
+          cache: ``{"key": [batch·beam, heads, head_dim, max_len], "value": [batch·beam,
+            heads, max_len, head_dim]}`` (head-major, see ``cached_attention``); keys are
+            stored already rotated when RoPE is used.
           index: int scalar, the position being written.
           cross_kv: encoder keys/values ``[batch, src_len, heads, head_dim]``, shared by the
             beams of a sentence (the beams act as ``beam`` query positions).
@@ -191,13 +192,15 @@ class DecoderLayer(nnx.Module):
         new_cache = {}
 
         def self_attend(h):
-            k, v = attn.project_kv(h, rope_positions)
-            new_cache["key"] = jax.lax.dynamic_update_slice_in_dim(cache["key"], k, index, axis=1)
-            new_cache["value"] = jax.lax.dynamic_update_slice_in_dim(cache["value"], v, index, axis=1)
-            max_len = cache["key"].shape[1]
+            k, v = attn.project_kv(h, rope_positions)  # [rows, 1, heads, head_dim]
+            new_cache["key"] = jax.lax.dynamic_update_slice_in_dim(
+                cache["key"], k.transpose(0, 2, 3, 1), index, axis=3)
+            new_cache["value"] = jax.lax.dynamic_update_slice_in_dim(
+                cache["value"], v.transpose(0, 2, 1, 3), index, axis=2)
+            max_len = cache["key"].shape[3]
             mask = (jnp.arange(max_len) <= index)[None, None, None, :]
-            return attn.attend(h, new_cache["key"], new_cache["value"], mask, bias=bias,
-                               rope_positions=rope_positions)
+            return attn.attend_cache(h, new_cache["key"], new_cache["value"], mask, bias=bias,
+                                     rope_positions=rope_positions)
 
         def cross_attend(h):
             # [batch·beam, 1, d] -> [batch, beam, d]: beams become query positions.

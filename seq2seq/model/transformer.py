@@ -248,7 +248,8 @@ class Transformer(nnx.Module):
           max_len: decoder positions to reserve.
 
         Returns:
-          ``{"layers": [{"key", "value"} of [batch·beam, max_len, heads, head_dim]],
+          ``{"layers": [{"key": [batch·beam, heads, head_dim, max_len], "value":
+          [batch·beam, heads, max_len, head_dim]}] (head-major, see ``cached_attention``),
           "cross": [(key, value) of [batch, src_len, heads, head_dim]],
           "cross_mask": bool [batch, 1, 1, src_len]}``.
 
@@ -259,8 +260,9 @@ class Transformer(nnx.Module):
         batch = encoded.shape[0]
         heads = self.config.num_heads
         head_dim = self.config.d_model // heads
-        shape = (batch * beam_size, max_len, heads, head_dim)
-        layers = [{"key": jnp.zeros(shape, self.dtype), "value": jnp.zeros(shape, self.dtype)}
+        rows = batch * beam_size
+        layers = [{"key": jnp.zeros((rows, heads, head_dim, max_len), self.dtype),
+                   "value": jnp.zeros((rows, heads, max_len, head_dim), self.dtype)}
                   for _ in self.decoder_layers]
         cross = [layer.cross_attention.project_kv(encoded) for layer in self.decoder_layers]
         return {"layers": layers, "cross": cross, "cross_mask": (src_segments > 0)[:, None, None, :]}
@@ -286,7 +288,7 @@ class Transformer(nnx.Module):
         query_pos = jnp.reshape(index, (1, 1)).astype(jnp.int32)
         x = self._embed(self._target_embedding(), pos, tokens[:, None], query_pos,
                         deterministic=True, rngs=None)
-        max_len = cache["layers"][0]["key"].shape[1] if cache["layers"] else 0
+        max_len = cache["layers"][0]["value"].shape[2] if cache["layers"] else 0
         bias = pos.bias(query_pos, jnp.arange(max_len, dtype=jnp.int32)[None])
         rope = pos.rope(query_pos)
         new_layers = []
