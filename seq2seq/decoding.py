@@ -271,9 +271,16 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
     _check_search(max_len, min_length, alpha, length_penalty_kind)
     batch, k = src.shape[0], beam_size
     encoded = model.encode(src, src_segments, _positions(src_segments))
-    cache = model.init_cache(encoded, src_segments, k, max_len)
     max_lengths = jnp.clip(max_lengths, 1, max_len).astype(jnp.int32)
     lp_max = length_penalty(max_lengths, alpha, length_penalty_kind)
+
+    # Step 0 runs once per sentence: every beam starts from the same BOS, so the decoder's
+    # work is not repeated k times; its cache is then copied to the k beams.
+    cache = model.init_cache(encoded, src_segments, 1, max_len)
+    first_logits, cache = model.decode_step(jnp.full((batch,), bos_id, jnp.int32),
+                                            jnp.zeros((), jnp.int32), cache, 1)
+    cache = {**cache, "layers": jax.tree.map(lambda x: jnp.repeat(x, k, axis=0),
+                                             cache["layers"])}
 
     init = dict(
         i=jnp.zeros((), jnp.int32),
@@ -284,7 +291,7 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
         fin_logp=jnp.full((batch, k), NEG_INF, jnp.float32),
         fin_score=jnp.full((batch, k), NEG_INF, jnp.float32),
         fin_len=jnp.zeros((batch, k), jnp.int32),
-        cache=cache,
+        cache=None,  # set by the first ``search`` below
     )
 
     def done(s):
@@ -295,10 +302,10 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
     def cond(s):
         return (s["i"] < max_len) & ~jnp.all(done(s))
 
-    def body(s):
+    def search(s, logits, cache):
+        """One step of the search given the logits ``[batch, k, vocab]`` at position ``i``."""
         i = s["i"]
-        logits, cache = model.decode_step(s["last"].reshape(-1), i, s["cache"], k)
-        logits = logits.astype(jnp.float32).reshape(batch, k, -1)
+        logits = logits.astype(jnp.float32)
         banned = _banned(logits.shape[-1], i, max_lengths, min_length, bos_id=bos_id,
                          eos_id=eos_id, pad_id=pad_id)
         top_logp, src_beam, tok = _top_continuations(logits, banned, s["alive_logp"], 2 * k)
@@ -325,7 +332,12 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
                     alive_logp=alive_logp, fin_seq=fin_seq, fin_logp=fin_logp, fin_score=fin_score,
                     fin_len=fin_len, cache=_gather_cache(cache, _gather_beams(src_beam, keep), k))
 
-    s = jax.lax.while_loop(cond, body, init)
+    def body(s):
+        logits, cache = model.decode_step(s["last"].reshape(-1), s["i"], s["cache"], k)
+        return search(s, logits.reshape(batch, k, -1), cache)
+
+    first = jnp.broadcast_to(first_logits[:, None, :], (batch, k, first_logits.shape[-1]))
+    s = jax.lax.while_loop(cond, body, search(init, first, cache))
     tokens = jnp.where(jnp.arange(max_len) < s["fin_len"][:, :, None], s["fin_seq"], pad_id)
     return BeamResult(tokens=tokens, lengths=s["fin_len"], logprobs=s["fin_logp"],
                       scores=s["fin_score"])
