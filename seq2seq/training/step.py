@@ -99,7 +99,12 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
     """Label-smoothed cross-entropy summed over weighted tokens, in float32.
 
     With smoothing ε the target distribution is (1-ε)·onehot + ε/V (Szegedy et al. 2016, §7;
-    Vaswani et al. 2017, §5.4), so the loss is (1-ε)·NLL + ε·mean_v(-log p_v).
+    Vaswani et al. 2017, §5.4), so the loss is (1-ε)·NLL + ε·mean_v(-log p_v). Per token,
+    with lse = log Σ_v exp(z_v): NLL = lse - z_target and mean_v(-log p_v) = lse - mean_v(z_v),
+    so the forward pass reads the logits without writing a ``[batch, length, vocab]`` array of
+    log-probabilities. The gradient is the closed form w·(softmax(z) - (1-ε)·onehot - ε/V)
+    (and w·(softmax(z) - onehot) for the NLL), one fused pass over the logits instead of
+    autodiff's several (``_cross_entropy_bwd``).
 
     Args:
       logits: ``[batch, length, vocab]``.
@@ -108,16 +113,51 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
       label_smoothing: ε in [0, 1).
 
     Returns:
-      (smoothed loss sum, NLL sum, number of correct argmax predictions), float32 scalars
-      summed over tokens with nonzero weight.
+      (smoothed loss sum, NLL sum, number of correct predictions), float32 scalars summed
+      over tokens with nonzero weight. A prediction is correct when the target's logit is the
+      largest (a tie with another token counts as correct; ties of float logits are rare).
     """
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    smooth = -jnp.mean(logp, axis=-1)
+    return _cross_entropy(logits, targets, weights, float(label_smoothing))
+
+
+def _cross_entropy_parts(logits, targets, weights, label_smoothing):
+    z = logits.astype(jnp.float32)
+    m = jax.lax.stop_gradient(jnp.max(z, axis=-1))
+    lse = m + jnp.log(jnp.sum(jnp.exp(z - m[..., None]), axis=-1))
+    z_target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
+    nll = lse - z_target
+    smooth = lse - jnp.mean(z, axis=-1)
     loss = (1.0 - label_smoothing) * nll + label_smoothing * smooth
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    correct = (z_target >= m).astype(jnp.float32)
     w = weights.astype(jnp.float32)
-    return jnp.sum(loss * w), jnp.sum(nll * w), jnp.sum(correct * w)
+    return (jnp.sum(loss * w), jnp.sum(nll * w), jnp.sum(correct * w)), lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _cross_entropy(logits, targets, weights, label_smoothing):
+    return _cross_entropy_parts(logits, targets, weights, label_smoothing)[0]
+
+
+def _cross_entropy_fwd(logits, targets, weights, label_smoothing):
+    out, lse = _cross_entropy_parts(logits, targets, weights, label_smoothing)
+    return out, (logits, targets, weights, lse)
+
+
+def _cross_entropy_bwd(label_smoothing, residuals, cotangents):
+    logits, targets, weights, lse = residuals
+    g_loss, g_nll, _ = cotangents  # ``correct`` is piecewise constant: no gradient
+    probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
+    onehot = jnp.arange(logits.shape[-1]) == targets[..., None]
+    vocab = logits.shape[-1]
+    # d loss/dz = p - (1-ε)·onehot - ε/V ; d nll/dz = p - onehot
+    grad = ((g_loss + g_nll) * probs
+            - jnp.where(onehot, (1.0 - label_smoothing) * g_loss + g_nll, 0.0)
+            - label_smoothing / vocab * g_loss)
+    grad = grad * weights.astype(jnp.float32)[..., None]
+    return grad.astype(logits.dtype), None, None
+
+
+_cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 
 
 def _forward(params, graphdef, batch, bos_id, label_smoothing, dropout_key):
