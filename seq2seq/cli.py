@@ -61,7 +61,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         summary = train(config)
     except Interrupted as e:
         print(str(e), file=sys.stderr)
-        return 130
+        return 128 + e.signum  # 130 for SIGINT (Ctrl-C), 143 for SIGTERM
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return _fail(str(e))
     best = summary["best"]

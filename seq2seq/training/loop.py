@@ -41,11 +41,18 @@ log = logging.getLogger(__name__)
 
 
 class Interrupted(Exception):
-    """Training stopped on SIGINT/SIGTERM after saving a checkpoint at ``step``."""
+    """Training stopped on SIGINT/SIGTERM after saving a checkpoint at ``step``.
 
-    def __init__(self, step: int):
+    Attributes:
+      step: the step of the saved checkpoint.
+      signum: the signal that stopped training (``signal.SIGINT`` or ``signal.SIGTERM``); the
+        command exits with 128 + signum, the shell convention (130 and 143).
+    """
+
+    def __init__(self, step: int, signum: int = signal.SIGINT):
         super().__init__(f"interrupted at step {step}; checkpoint saved, rerun the same command to resume")
         self.step = step
+        self.signum = int(signum)
 
 
 class TrainingDiverged(RuntimeError):
@@ -387,7 +394,7 @@ def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, p
             save(new_best)
         checkpointer.wait()
         if stop.signum is not None:
-            raise Interrupted(p.step)
+            raise Interrupted(p.step, stop.signum)
     return state, stopped
 
 
