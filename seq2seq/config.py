@@ -150,8 +150,9 @@ class ModelConfig:
         ``none`` (three matrices). YAML ``true``/``false`` (the old boolean) mean ``all`` /
         ``target``.
       max_len: positions in the ``learned`` tables (unused by the other schemes).
-      dtype: compute dtype, ``float32`` or ``bfloat16``; parameters stay float32, and softmax,
-        LayerNorm statistics, logits and the loss are float32.
+      dtype: compute dtype, ``float32`` or ``bfloat16``; parameters stay float32, matmuls
+        accumulate in float32 (``model/precision.py``), and softmax, LayerNorm statistics,
+        logits and the loss are float32.
 
     Raises:
       ConfigError: a string setting is not one of its choices (the message names the key).

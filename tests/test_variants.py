@@ -10,6 +10,7 @@ from conftest import BOS, random_pairs, tiny_config, unpacked_batch
 from seq2seq.config import ConfigError, ModelConfig, load_config
 from seq2seq.model import build_model
 from seq2seq.model.layers import FeedForward
+from seq2seq.model.precision import matmul
 
 
 @pytest.mark.parametrize("activation,act", [
@@ -115,3 +116,22 @@ def test_bfloat16_compute_with_float32_parameters(rng):
     # bfloat16 statistics would be off by whole units here (8-bit mantissa at 1000); float32
     # ones by ~1e-4 (flax's one-pass variance, E[x²] − E[x]²)
     np.testing.assert_allclose(out, want, atol=1e-3)
+
+
+def test_bfloat16_matmuls_accumulate_in_float32_forward_and_backward():
+    # 257 ones sum to 257 only with a float32 accumulator (bfloat16 holds 256 and 258)
+    ones = jnp.ones((1, 257), jnp.bfloat16)
+    assert float(matmul(ones, ones.T, out_dtype=jnp.float32)[0, 0]) == 257.0
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(3, 5, 16)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(16, 7)), jnp.float32)
+    for transposed in (False, True):
+        wt = w.T if transposed else w
+        ref = jax.grad(lambda x, v: jnp.sum(jnp.sin(x @ (v.T if transposed else v))), (0, 1))(x, wt)
+        for dtype, tol in ((jnp.float32, 1e-6), (jnp.bfloat16, 3e-2)):
+            got = jax.grad(lambda x, v: jnp.sum(jnp.sin(matmul(
+                x.astype(dtype), v.astype(dtype), w_transposed=transposed,
+                out_dtype=jnp.float32))), (0, 1))(x, wt)
+            for g, r in zip(got, ref):
+                assert g.dtype == jnp.float32 and g.shape == r.shape
+                assert float(jnp.abs(g - r).max() / jnp.abs(r).max()) < tol

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from seq2seq.model.axes import logical
+from seq2seq.model.precision import dot_general_f32_accumulate
 from seq2seq.model.positions import apply_rope
 
 
@@ -164,6 +165,7 @@ class MultiHeadAttention(nnx.Module):
 
         def proj(axes):
             return nnx.Linear(d_model, d_model, dtype=dtype, rngs=rngs,
+                              dot_general=dot_general_f32_accumulate,
                               kernel_init=logical(init, axes),
                               bias_init=logical(nnx.initializers.zeros, axes[1:]))
 

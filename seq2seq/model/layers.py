@@ -17,6 +17,7 @@ from flax import nnx
 from seq2seq.config import ModelConfig
 from seq2seq.model.attention import MultiHeadAttention
 from seq2seq.model.axes import logical
+from seq2seq.model.precision import dot_general_f32_accumulate
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
@@ -62,12 +63,14 @@ class FeedForward(nnx.Module):
 
         def inner():
             return nnx.Linear(d_model, d_ff, dtype=dtype, rngs=rngs,
+                              dot_general=dot_general_f32_accumulate,
                               kernel_init=logical(init, ("embed", "mlp")),
                               bias_init=logical(nnx.initializers.zeros, ("mlp",)))
 
         self.wi = inner()
         self.wi_gate = inner() if activation in GATED else None
         self.wo = nnx.Linear(d_ff, d_model, dtype=dtype, rngs=rngs,
+                             dot_general=dot_general_f32_accumulate,
                              kernel_init=logical(init, ("mlp", "embed")),
                              bias_init=logical(nnx.initializers.zeros, ("embed",)))
         self.dropout = nnx.Dropout(activation_dropout_rate)

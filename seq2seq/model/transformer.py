@@ -18,6 +18,7 @@ from seq2seq.model.attention import MultiHeadAttention, causal_segment_mask, seg
 from seq2seq.model.axes import logical
 from seq2seq.model.layers import DecoderLayer, EncoderLayer, layer_norm
 from seq2seq.model.positions import Positions
+from seq2seq.model.precision import matmul
 
 Cache = dict[str, object]
 
@@ -115,13 +116,18 @@ class Transformer(nnx.Module):
         """Output projection ``[..., d_model]`` → float32 ``[..., vocab]``.
 
         The final decoder LayerNorm (pre-norm) is applied here, then the (tied) target
-        embedding transposed, or the separate ``output`` matrix under ``share_embeddings: none``.
+        embedding transposed, or the separate ``output`` matrix under ``share_embeddings: none``,
+        multiplied in the compute dtype and accumulated in float32.
         """
         if self.config.norm == "pre":
             x = self.decoder_norm(x).astype(self.dtype)
+        # float32 accumulation and a float32 result whatever the compute dtype (precision.py)
+        x = x.astype(self.dtype)
         if self.config.share_embeddings == "none":
-            return self.output(x).astype(jnp.float32)
-        return self._target_embedding().attend(x).astype(jnp.float32)
+            kernel = self.output.kernel[...].astype(self.dtype)
+            return matmul(x, kernel, out_dtype=jnp.float32)
+        table = self._target_embedding().embedding[...].astype(self.dtype)
+        return matmul(x, table, w_transposed=True, out_dtype=jnp.float32)
 
     # -- encoder ----------------------------------------------------------------------------
     def encode(self, src: jax.Array, src_segments: jax.Array, src_positions: jax.Array, *,

@@ -1,0 +1,87 @@
+"""Mixed precision: matmuls in the compute dtype, accumulated in float32.
+
+With ``model.dtype: bfloat16`` every projection multiplies bfloat16 operands but sums the
+products in float32 and rounds only the result (Micikevicius et al. 2018, "Mixed Precision
+Training", §3; what bf16 matrix units do on TPU and GPU). The backward pass does the same: the
+incoming gradient is rounded to bfloat16 and both gradient products accumulate in float32,
+so training runs its three matmuls per layer at bf16 speed.
+
+Asking XLA for a float32 result is also what selects the fast bf16 kernels on CPUs with
+AVX512-BF16: on the 2-core AMD EPYC here a 2048³ bf16 matmul runs at ~380 GFLOP/s with a
+float32 result and ~150 GFLOP/s with a bf16 one (float32: ~190). In float32 nothing changes:
+the functions below are then plain ``lax.dot_general``s with ordinary autodiff.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+_F32 = jnp.dtype(jnp.float32)
+
+
+def _dot(a, b, contract_a: int, contract_b: int):
+    return lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())),
+                           preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _matmul(x, w, w_transposed: bool, out_dtype):
+    return _dot(x, w, x.ndim - 1, 1 if w_transposed else 0).astype(out_dtype)
+
+
+def _matmul_fwd(x, w, w_transposed, out_dtype):
+    return _matmul(x, w, w_transposed, out_dtype), (x, w)
+
+
+def _matmul_bwd(w_transposed, out_dtype, residuals, g):
+    x, w = residuals
+    g = g.astype(x.dtype)  # the incoming gradient in the compute dtype
+    # y = x·W (W [in, out]) or x·Wᵀ (W [out, in]); x [..., in], g [..., out]
+    dx = _dot(g, w, g.ndim - 1, 0 if w_transposed else 1).astype(x.dtype)
+    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    dw = _dot(g2, x2, 0, 0) if w_transposed else _dot(x2, g2, 0, 0)  # [out, in] / [in, out]
+    return dx, dw.astype(w.dtype)
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def matmul(x: jax.Array, w: jax.Array, *, w_transposed: bool = False,
+           out_dtype=None) -> jax.Array:
+    """``x · W`` (or ``x · Wᵀ``) accumulated in float32, forward and backward.
+
+    Args:
+      x: ``[..., in]`` in the compute dtype.
+      w: ``[in, out]``, or ``[out, in]`` with ``w_transposed`` (a tied embedding table), in
+        the compute dtype.
+      out_dtype: result dtype; default ``x.dtype`` (float32 for logits).
+
+    Returns:
+      ``[..., out]`` in ``out_dtype``. Gradients are in the operands' dtypes.
+    """
+    out_dtype = jnp.dtype(out_dtype or x.dtype)
+    if x.dtype == _F32 and w.dtype == _F32:
+        return _dot(x, w, x.ndim - 1, 1 if w_transposed else 0).astype(out_dtype)
+    return _matmul(x, w, w_transposed, out_dtype)
+
+
+def dot_general_f32_accumulate(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
+                               preferred_element_type=None, **kwargs) -> jax.Array:
+    """A ``dot_general`` for ``nnx.Linear``: ``matmul`` for its ``x[..., in] · W[in, out]``.
+
+    Any other contraction (and any extra keyword, e.g. ``out_sharding``) falls back to
+    ``lax.dot_general`` accumulated in float32 and returned in ``lhs``'s dtype.
+    """
+    del preferred_element_type
+    linear = (((lhs.ndim - 1,), (0,)), ((), ()))
+    if (not kwargs and precision is None and rhs.ndim == 2
+            and tuple(map(tuple, dimension_numbers[0])) == linear[0]
+            and not any(dimension_numbers[1])):
+        return matmul(lhs, rhs)
+    out = lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                          preferred_element_type=jnp.float32, **kwargs)
+    return out.astype(lhs.dtype)
