@@ -2,7 +2,7 @@
 
 Beams (or samples) are folded into the batch dimension (``[batch·beam, ...]``); the encoder runs
 once per sentence and the cross-attention keys/values are computed once per sentence, not per
-beam.
+beam, and so is beam search's first step (every beam starts from BOS).
 
 Rules shared by every search (documented because toolkits differ here):
 
