@@ -213,10 +213,12 @@ def _top_continuations(logits: jax.Array, banned: jax.Array, alive_logp: jax.Arr
                        n: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The ``n`` best continuations ``alive_logp + log p(token)`` of every sentence.
 
-    Equal to ``top_k`` over all ``beam·vocab`` candidates, done in two exact stages: each beam's
+    Equal to ``top_k`` over all ``beam·vocab`` candidates, done in two stages: each beam's
     ``n`` best tokens by logit (log-softmax is a per-row shift, so the order is the same), then
-    the best ``n`` of those ``beam·n``. Ties keep ``top_k``'s order (lower beam, then lower token
-    first). Log-probabilities are computed only for the kept tokens.
+    the best ``n`` of those ``beam·n``. Equal scores keep ``top_k``'s order (lower beam, then
+    lower token first); the one difference is two distinct logits that round to the same
+    log-probability, which keep their logit order. Log-probabilities are computed only for the
+    kept tokens.
 
     Args:
       logits: float32 ``[batch, beam, vocab]``.

@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 from seq2seq.config import ModelConfig
-from seq2seq.decoding import (NEG_INF, beam_search_jit, filter_logits, greedy_search_jit,
-                              length_penalty, sample_jit, sentence_keys)
+from seq2seq.decoding import (NEG_INF, _top_continuations, beam_search_jit, filter_logits,
+                              greedy_search_jit, length_penalty, sample_jit, sentence_keys)
 from seq2seq.model import build_model
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -425,3 +425,17 @@ def test_search_options_are_validated():
         run_sample(graphdef, params, [[4, EOS]], 0, 3, sentence_keys(0, [0]))
     with pytest.raises(ValueError, match="top_p"):
         run_sample(graphdef, params, [[4, EOS]], 1, 3, sentence_keys(0, [0]), top_p=2.0)
+
+
+def test_two_stage_top_k_equals_top_k_over_all_candidates():
+    rng = np.random.default_rng(7)
+    batch, beam, vocab, n = 3, 4, 50, 8
+    logits = jnp.asarray(rng.normal(size=(batch, beam, vocab)), jnp.float32)
+    banned = jnp.asarray(rng.random((batch, vocab)) < 0.2)
+    alive = jnp.asarray([[0.0, -1.5, -2.0, NEG_INF]] * batch, jnp.float32)
+    logp = jnp.where(banned[:, None, :], NEG_INF, jax.nn.log_softmax(logits))
+    want_logp, idx = jax.lax.top_k((alive[:, :, None] + logp).reshape(batch, -1), n)
+    got_logp, src_beam, tok = _top_continuations(logits, banned, alive, n)
+    np.testing.assert_array_equal(src_beam, idx // vocab)
+    np.testing.assert_array_equal(tok, idx % vocab)
+    np.testing.assert_allclose(got_logp, want_logp, rtol=1e-6)

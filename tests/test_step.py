@@ -122,3 +122,24 @@ def test_make_optimizer_is_memoised_on_the_optimizer_settings():
     # one compiled step serves runs that differ only in e.g. their length
     assert make_optimizer(TrainConfig(steps=10)) is make_optimizer(TrainConfig(steps=20))
     assert make_optimizer(TrainConfig(learning_rate=1e-3)) is not make_optimizer(TrainConfig())
+
+
+def test_closed_form_loss_gradient_equals_autodiff_of_the_reference():
+    rng = np.random.default_rng(4)
+    logits = jnp.asarray(3.0 * rng.normal(size=(2, 6, 11)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 11, (2, 6)))
+    weights = jnp.asarray(rng.integers(0, 2, (2, 6)), jnp.float32)
+
+    def reference(z, eps):
+        soft = optax.smooth_labels(jax.nn.one_hot(targets, 11), eps)
+        return (jnp.sum(optax.softmax_cross_entropy(z, soft) * weights),
+                jnp.sum(optax.softmax_cross_entropy_with_integer_labels(z, targets) * weights))
+
+    for eps in (0.0, 0.1):
+        # a mix of both outputs exercises both cotangents of the custom gradient
+        ours = jax.grad(lambda z: 2.0 * cross_entropy(z, targets, weights, eps)[0]
+                        - 0.5 * cross_entropy(z, targets, weights, eps)[1])(logits)
+        ref = jax.grad(lambda z: 2.0 * reference(z, eps)[0] - 0.5 * reference(z, eps)[1])(logits)
+        np.testing.assert_allclose(ours, ref, atol=1e-6)
+    # padding positions get exactly zero gradient
+    assert np.all(np.asarray(ours)[np.asarray(weights) == 0] == 0.0)

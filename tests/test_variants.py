@@ -135,3 +135,35 @@ def test_bfloat16_matmuls_accumulate_in_float32_forward_and_backward():
             for g, r in zip(got, ref):
                 assert g.dtype == jnp.float32 and g.shape == r.shape
                 assert float(jnp.abs(g - r).max() / jnp.abs(r).max()) < tol
+
+
+def _dot_operand_dtypes(jaxpr) -> list[tuple]:
+    """Operand dtypes of every ``dot_general`` without batch dimensions (the projections and
+    the output layer, not the attention products) in a jaxpr and its sub-jaxprs."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general" and not any(eqn.params["dimension_numbers"][1]):
+            found.append(tuple(v.aval.dtype for v in eqn.invars))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _dot_operand_dtypes(inner)
+    return found
+
+
+def test_bfloat16_layers_multiply_bfloat16_operands_in_the_backward_pass_too():
+    model = build_model(tiny_config(dtype="bfloat16"), seed=0)
+    graphdef, params = nnx.split(model, nnx.Param)
+    src, tgt = random_pairs(2, np.random.default_rng(0))
+    batch = unpacked_batch(src, tgt, 8)
+
+    def loss(p):
+        return jnp.sum(nnx.merge(graphdef, p)(batch, bos_id=BOS))
+
+    dots = _dot_operand_dtypes(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+    assert len(dots) > 20
+    # every projection of the forward and backward pass multiplies bfloat16 operands (the
+    # float32-accumulated products are rounded back), none silently falls back to float32
+    # (jax.nn.dot_product_attention's own backward keeps float32 score gradients)
+    assert all(d == (jnp.bfloat16, jnp.bfloat16) for d in dots), sorted(set(dots))

@@ -128,7 +128,8 @@ def cached_attention(query: jax.Array, key_cache: jax.Array, value_cache: jax.Ar
         logits = logits + bias
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(value_cache.dtype)
-    return jnp.einsum("bhqk,bhkd->bqhd", probs, value_cache)
+    out = jnp.einsum("bhqk,bhkd->bqhd", probs, value_cache, preferred_element_type=jnp.float32)
+    return out.astype(query.dtype)
 
 
 class MultiHeadAttention(nnx.Module):

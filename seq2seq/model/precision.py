@@ -70,18 +70,29 @@ def matmul(x: jax.Array, w: jax.Array, *, w_transposed: bool = False,
 
 
 def dot_general_f32_accumulate(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
-                               preferred_element_type=None, **kwargs) -> jax.Array:
+                               preferred_element_type=None, out_sharding=None,
+                               **kwargs) -> jax.Array:
     """A ``dot_general`` for ``nnx.Linear``: ``matmul`` for its ``x[..., in] · W[in, out]``.
 
-    Any other contraction (and any extra keyword, e.g. ``out_sharding``) falls back to
-    ``lax.dot_general`` accumulated in float32 and returned in ``lhs``'s dtype.
+    Args:
+      lhs: ``[..., in]`` activations in the compute dtype (float32 or bfloat16).
+      rhs: ``[in, out]`` kernel in the compute dtype.
+      dimension_numbers, precision: as ``lax.dot_general``.
+      preferred_element_type: ignored (float32 accumulation is the point).
+      out_sharding: passed on when set; ``nnx.Linear`` passes None.
+
+    Returns:
+      ``[..., out]`` in ``lhs.dtype``. Any other contraction, a ``precision`` or an
+      ``out_sharding`` falls back to ``lax.dot_general`` accumulated in float32 (forward only).
     """
     del preferred_element_type
-    linear = (((lhs.ndim - 1,), (0,)), ((), ()))
-    if (not kwargs and precision is None and rhs.ndim == 2
-            and tuple(map(tuple, dimension_numbers[0])) == linear[0]
+    linear = ((lhs.ndim - 1,), (0,))
+    if (out_sharding is None and not kwargs and precision is None and rhs.ndim == 2
+            and tuple(map(tuple, dimension_numbers[0])) == linear
             and not any(dimension_numbers[1])):
         return matmul(lhs, rhs)
+    if out_sharding is not None:
+        kwargs["out_sharding"] = out_sharding
     out = lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                           preferred_element_type=jnp.float32, **kwargs)
     return out.astype(lhs.dtype)

@@ -107,10 +107,10 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
     autodiff's several (``_cross_entropy_bwd``).
 
     Args:
-      logits: ``[batch, length, vocab]``.
+      logits: ``[batch, length, vocab]`` (any float dtype; computed in float32).
       targets: int ``[batch, length]``.
-      weights: ``[batch, length]``, 1 for real tokens and 0 for padding.
-      label_smoothing: ε in [0, 1).
+      weights: ``[batch, length]``, 1 for real tokens and 0 for padding (not differentiated).
+      label_smoothing: ε in [0, 1), a Python float (static).
 
     Returns:
       (smoothed loss sum, NLL sum, number of correct predictions), float32 scalars summed
