@@ -4,7 +4,7 @@ With ``model.dtype: bfloat16`` every projection multiplies bfloat16 operands but
 products in float32 and rounds only the result (Micikevicius et al. 2018, "Mixed Precision
 Training", §3; what bf16 matrix units do on TPU and GPU). The backward pass does the same: the
 incoming gradient is rounded to bfloat16 and both gradient products accumulate in float32,
-so training runs its three matmuls per layer at bf16 speed.
+so each projection runs its forward product and both gradient products at bf16 speed.
 
 Asking XLA for a float32 result is also what selects the fast bf16 kernels on CPUs with
 AVX512-BF16: on the 2-core AMD EPYC here a 2048³ bf16 matmul runs at ~380 GFLOP/s with a
