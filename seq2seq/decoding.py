@@ -284,16 +284,15 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
     cache = {**cache, "layers": jax.tree.map(lambda x: jnp.repeat(x, k, axis=0),
                                              cache["layers"])}
 
+    # the search state before step 0; ``last`` and ``cache`` are added by the first ``search``
     init = dict(
         i=jnp.zeros((), jnp.int32),
-        last=jnp.full((batch, k), bos_id, jnp.int32),
         alive_seq=jnp.zeros((batch, k, max_len), jnp.int32),
         alive_logp=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1)),
         fin_seq=jnp.zeros((batch, k, max_len), jnp.int32),
         fin_logp=jnp.full((batch, k), NEG_INF, jnp.float32),
         fin_score=jnp.full((batch, k), NEG_INF, jnp.float32),
         fin_len=jnp.zeros((batch, k), jnp.int32),
-        cache=None,  # set by the first ``search`` below
     )
 
     def done(s):

@@ -49,6 +49,18 @@ def causal_segment_mask(segments: jax.Array) -> jax.Array:
     return segment_mask(segments, segments) & causal[None, None]
 
 
+def _attention_weights(logits: jax.Array, depth: int, mask: jax.Array | None,
+                       bias: jax.Array | None) -> jax.Array:
+    """float32 softmax over keys of Q Kᵀ logits ``[batch, heads, q_len, k_len]``: scaled by
+    1/√depth, plus ``bias``, masked keys at the float32 minimum (eq. 1)."""
+    logits = logits / jnp.sqrt(jnp.float32(depth))
+    if bias is not None:
+        logits = logits + bias
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(logits, axis=-1)
+
+
 def dot_product_attention(
     query: jax.Array,
     key: jax.Array,
@@ -84,14 +96,8 @@ def dot_product_attention(
     use_dropout = dropout_rate > 0.0 and dropout_rng is not None
     if not (use_dropout or return_weights):
         return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask)
-    depth = query.shape[-1]
     logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
-    logits = logits / jnp.sqrt(jnp.float32(depth))
-    if bias is not None:
-        logits = logits + bias
-    if mask is not None:
-        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(logits, axis=-1)
+    weights = _attention_weights(logits, query.shape[-1], mask, bias)
     probs = weights
     if use_dropout:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
@@ -121,13 +127,8 @@ def cached_attention(query: jax.Array, key_cache: jax.Array, value_cache: jax.Ar
     Returns:
       ``[batch, q_len, heads, head_dim]`` in the query dtype; logits and softmax in float32.
     """
-    depth = query.shape[-1]
     logits = jnp.einsum("bqhd,bhdk->bhqk", query, key_cache, preferred_element_type=jnp.float32)
-    logits = logits / jnp.sqrt(jnp.float32(depth))
-    if bias is not None:
-        logits = logits + bias
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1).astype(value_cache.dtype)
+    probs = _attention_weights(logits, query.shape[-1], mask, bias).astype(value_cache.dtype)
     out = jnp.einsum("bhqk,bhkd->bqhd", probs, value_cache, preferred_element_type=jnp.float32)
     return out.astype(query.dtype)
 
@@ -195,6 +196,12 @@ class MultiHeadAttention(nnx.Module):
             key = apply_rope(key, rope_positions, self.rope_base)
         return key, self._split(self.value(x))
 
+    def _queries(self, x_q: jax.Array, rope_positions: jax.Array | None) -> jax.Array:
+        q = self._split(self.query(x_q))
+        if rope_positions is not None:
+            q = apply_rope(q, rope_positions, self.rope_base)
+        return q
+
     def attend(self, x_q: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None, *,
                bias: jax.Array | None = None, rope_positions: jax.Array | None = None,
                deterministic: bool = True, rngs: nnx.Rngs | None = None,
@@ -209,9 +216,7 @@ class MultiHeadAttention(nnx.Module):
 
         Returns ``[batch, q_len, d_model]`` (and float32 weights ``[batch, heads, q_len, k_len]``).
         """
-        q = self._split(self.query(x_q))
-        if rope_positions is not None:
-            q = apply_rope(q, rope_positions, self.rope_base)
+        q = self._queries(x_q, rope_positions)
         dropout_rng = None
         if not deterministic and self.dropout_rate > 0.0 and rngs is not None:
             dropout_rng = rngs.dropout()
@@ -238,9 +243,7 @@ class MultiHeadAttention(nnx.Module):
 
         Returns ``[batch, q_len, d_model]``.
         """
-        q = self._split(self.query(x_q))
-        if rope_positions is not None:
-            q = apply_rope(q, rope_positions, self.rope_base)
+        q = self._queries(x_q, rope_positions)
         out = cached_attention(q, key_cache, value_cache, mask, bias=bias)
         return self.out(out.reshape(*out.shape[:-2], -1))
 

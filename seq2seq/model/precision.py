@@ -28,9 +28,13 @@ def _dot(a, b, contract_a: int, contract_b: int):
                            preferred_element_type=jnp.float32)
 
 
+def _product(x, w, w_transposed: bool, out_dtype):
+    return _dot(x, w, x.ndim - 1, 1 if w_transposed else 0).astype(out_dtype)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _matmul(x, w, w_transposed: bool, out_dtype):
-    return _dot(x, w, x.ndim - 1, 1 if w_transposed else 0).astype(out_dtype)
+    return _product(x, w, w_transposed, out_dtype)
 
 
 def _matmul_fwd(x, w, w_transposed, out_dtype):
@@ -65,7 +69,7 @@ def matmul(x: jax.Array, w: jax.Array, *, w_transposed: bool = False,
     """
     out_dtype = jnp.dtype(out_dtype or x.dtype)
     if x.dtype == _F32 and w.dtype == _F32:
-        return _dot(x, w, x.ndim - 1, 1 if w_transposed else 0).astype(out_dtype)
+        return _product(x, w, w_transposed, out_dtype)  # plain autodiff
     return _matmul(x, w, w_transposed, out_dtype)
 
 

@@ -120,7 +120,7 @@ class Transformer(nnx.Module):
         multiplied in the compute dtype and accumulated in float32.
         """
         if self.config.norm == "pre":
-            x = self.decoder_norm(x).astype(self.dtype)
+            x = self.decoder_norm(x)  # float32 statistics; cast to the compute dtype below
         # float32 accumulation and a float32 result whatever the compute dtype (precision.py)
         x = x.astype(self.dtype)
         if self.config.share_embeddings == "none":
