@@ -39,7 +39,7 @@ do not depend on its batch neighbours, its position in the batch or the device l
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -198,17 +198,6 @@ def _gather_beams(x: jax.Array, beam_index: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x, idx, axis=1)
 
 
-def _gather_cache(cache: Any, beam_index: jax.Array, beam_size: int) -> Any:
-    """Reorder the self-attention caches ``[batch·beam, ...]`` by source beam ``[batch, beam]``.
-
-    A plain row gather (indices are in range by construction, so no bounds select).
-    """
-    batch = beam_index.shape[0]
-    rows = (jnp.arange(batch)[:, None] * beam_size + beam_index).reshape(-1)
-    reorder = lambda x: x.at[rows].get(mode="promise_in_bounds")
-    return {**cache, "layers": jax.tree.map(reorder, cache["layers"])}
-
-
 def _top_continuations(logits: jax.Array, banned: jax.Array, alive_logp: jax.Array,
                        n: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The ``n`` best continuations ``alive_logp + log p(token)`` of every sentence.
@@ -249,7 +238,7 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
     """Beam search (rules in the module docstring); call it inside ``jax.jit``.
 
     Args:
-      model: a ``Transformer`` (``encode``, ``init_cache``, ``decode_step``).
+      model: a ``Transformer`` (``encode``, ``init_cache``, ``decode_step``, ``reorder_cache``).
       src: int32 ``[batch, src_len]`` source ids (ending in EOS, padded with PAD).
       src_segments: int32 ``[batch, src_len]``, 1 for real tokens, 0 for padding.
       max_lengths: int32 ``[batch]`` limit on |Y| (EOS included) per sentence; clipped to
@@ -277,12 +266,10 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
     lp_max = length_penalty(max_lengths, alpha, length_penalty_kind)
 
     # Step 0 runs once per sentence: every beam starts from the same BOS, so the decoder's
-    # work is not repeated k times; its cache is then copied to the k beams.
-    cache = model.init_cache(encoded, src_segments, 1, max_len)
-    first_logits, cache = model.decode_step(jnp.full((batch,), bos_id, jnp.int32),
-                                            jnp.zeros((), jnp.int32), cache, 1)
-    cache = {**cache, "layers": jax.tree.map(lambda x: jnp.repeat(x, k, axis=0),
-                                             cache["layers"])}
+    # work is not repeated k times; the k beams then all read hypothesis 0's first slot.
+    cache = model.init_cache(encoded, src_segments, k, max_len)
+    first_logits, cache = model.decode_step(jnp.full((batch, 1), bos_id, jnp.int32),
+                                            jnp.zeros((), jnp.int32), cache)
 
     # the search state before step 0; ``last`` and ``cache`` are added by the first ``search``
     init = dict(
@@ -331,13 +318,14 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
         alive_logp, keep = jax.lax.top_k(alive_cand, k)
         return dict(i=i + 1, last=_gather_beams(tok, keep), alive_seq=_gather_beams(seqs, keep),
                     alive_logp=alive_logp, fin_seq=fin_seq, fin_logp=fin_logp, fin_score=fin_score,
-                    fin_len=fin_len, cache=_gather_cache(cache, _gather_beams(src_beam, keep), k))
+                    fin_len=fin_len,
+                    cache=model.reorder_cache(cache, _gather_beams(src_beam, keep)))
 
     def body(s):
-        logits, cache = model.decode_step(s["last"].reshape(-1), s["i"], s["cache"], k)
-        return search(s, logits.reshape(batch, k, -1), cache)
+        logits, cache = model.decode_step(s["last"], s["i"], s["cache"])
+        return search(s, logits, cache)
 
-    first = jnp.broadcast_to(first_logits[:, None, :], (batch, k, first_logits.shape[-1]))
+    first = jnp.broadcast_to(first_logits, (batch, k, first_logits.shape[-1]))
     s = jax.lax.while_loop(cond, body, search(init, first, cache))
     tokens = jnp.where(jnp.arange(max_len) < s["fin_len"][:, :, None], s["fin_seq"], pad_id)
     return BeamResult(tokens=tokens, lengths=s["fin_len"], logprobs=s["fin_logp"],
@@ -371,8 +359,8 @@ def _ancestral(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_l
 
     def body(s):
         i = s["i"]
-        logits, cache = model.decode_step(s["last"], i, s["cache"], num)
-        logits = logits.astype(jnp.float32)
+        logits, cache = model.decode_step(s["last"].reshape(batch, num), i, s["cache"])
+        logits = logits.reshape(rows, -1).astype(jnp.float32)
         banned = _banned(logits.shape[-1], i, row_max, min_length, bos_id=bos_id, eos_id=eos_id,
                          pad_id=pad_id)
         tok = choose(jnp.where(banned, NEG_INF, logits), i).astype(jnp.int32)

@@ -103,10 +103,11 @@ def cached_logits(model, batch, length, beam_size=1):
     encoded = model.encode(batch["src"], batch["src_segments"], batch["src_positions"])
     cache = model.init_cache(encoded, batch["src_segments"], beam_size, length)
     tgt_in = shift_right(batch["tgt"], batch["tgt_segments"], BOS)
+    tgt_in = tgt_in.reshape(-1, beam_size, tgt_in.shape[1])  # [batch, beam, length]
     out = []
     for i in range(length):
-        logits, cache = model.decode_step(tgt_in[:, i], jnp.int32(i), cache, beam_size)
-        out.append(np.asarray(logits))
+        logits, cache = model.decode_step(tgt_in[:, :, i], jnp.int32(i), cache)
+        out.append(np.asarray(logits).reshape(-1, logits.shape[-1]))
     return np.stack(out, axis=1)
 
 
@@ -134,6 +135,42 @@ def test_cached_decoding_with_beams_equals_full_forward(rng):
         real = np.asarray(batch["tgt_segments"] > 0)
         for b in range(3):
             np.testing.assert_allclose(steps[:, b][real], full[real], atol=1e-5)
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "relative", "rope"])
+def test_reordered_hypotheses_read_their_ancestors_cache(positions, rng):
+    # Beam search reorders hypotheses by gathering only the ancestry table: after the reorder,
+    # hypothesis j continues parents[j]'s prefix, and its next logits must equal a full forward
+    # pass over that prefix followed by its own tokens (hypotheses copied twice included).
+    model = scheme_model(positions, "pre")
+    beam, before, length = 3, 3, 6
+    src, _ = random_pairs(2, rng)
+    _, tgt = random_pairs(2 * beam, rng, lo=length, hi=length + 1)
+    tgt = np.stack(tgt)[:, :length].reshape(2, beam, length)
+    parents = np.array([[2, 0, 0], [1, 1, 2]])
+    joined = np.concatenate([np.take_along_axis(tgt, parents[:, :, None], 1)[:, :, :before],
+                             tgt[:, :, before:]], axis=2)
+
+    def inputs(t):  # decoder inputs [2, beam, length]: BOS, then the targets shifted right
+        return np.concatenate([np.full((2, beam, 1), BOS), t[:, :, :-1]], axis=2)
+
+    encoded = model.encode(*(unpacked_batch(src, src, 12)[k]
+                             for k in ("src", "src_segments", "src_positions")))
+    cache = model.init_cache(encoded, unpacked_batch(src, src, 12)["src_segments"], beam, length)
+    steps = []
+    for i in range(length):
+        if i == before:
+            cache = model.reorder_cache(cache, jnp.asarray(parents, jnp.int32))
+        tokens = inputs(tgt if i < before else joined)[:, :, i]
+        logits, cache = model.decode_step(jnp.asarray(tokens, jnp.int32), jnp.int32(i), cache)
+        steps.append(np.asarray(logits))
+    steps = np.stack(steps, axis=2)  # [2, beam, length, vocab]
+
+    rows = [s for s in src for _ in range(beam)]
+    full = np.asarray(model(unpacked_batch(rows, list(joined.reshape(2 * beam, length)), 12),
+                            bos_id=BOS))[:, :length].reshape(2, beam, length, -1)
+    np.testing.assert_allclose(steps[:, :, before:], full[:, :, before:], atol=1e-5)
+    assert np.abs(steps[:, 1, before:] - steps[:, 2, before:]).max() > 1e-3  # not all equal
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "relative", "rope", "alibi"])

@@ -150,7 +150,7 @@ class DecoderLayer(nnx.Module):
     ``__call__`` (teacher forcing): x ``[batch, tgt_len, d_model]``, cross keys/values
     ``[batch, src_len, heads, head_dim]``, optional self-attention ``bias``/``rope_positions``
     → ``[batch, tgt_len, d_model]``. Cross-attention has no position term.
-    ``decode_step`` (one new position, KV cache): x ``[batch·beam, 1, d_model]``.
+    ``decode_step`` (one new position, KV cache): x ``[batch, beam, d_model]``.
     """
 
     def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
@@ -170,46 +170,50 @@ class DecoderLayer(nnx.Module):
                              **kw)
         return self.ffn_block(x, lambda h: self.ffn(h, **kw), **kw)
 
-    def decode_step(self, x, cache: dict[str, jax.Array], index: jax.Array, cross_kv, cross_mask,
-                    beam_size: int, *, bias=None, rope_positions=None):
+    def decode_step(self, x, cache: dict[str, jax.Array], slot: jax.Array, self_mask,
+                    cross_kv, cross_mask, *, bias=None, rope_positions=None):
         """One decoding position with a KV cache (inference only, no dropout).
 
+        The ``beam`` hypotheses of a sentence share one cache of ``max_len·beam`` slots, slot
+        ``t·beam + j`` holding hypothesis j's key/value at position t. Hypothesis j writes the
+        current position into slot ``slot + j`` and reads, at each earlier position, the slot
+        of the hypothesis it descends from, as ``self_mask`` says (``Transformer.decode_step``
+        builds it from the ancestry table). Beam search therefore never copies the cache when
+        it reorders hypotheses.
+
         Args:
-          x: ``[batch·beam, 1, d_model]``, the embedded token at position ``index``.
-          cache: ``{"key": [batch·beam, heads, head_dim, max_len], "value": [batch·beam,
-            heads, max_len, head_dim]}`` (head-major, see ``cached_attention``); keys are
+          x: ``[batch, q, d_model]``, the embedded tokens at the current position of the
+            first ``q ≤ beam`` hypotheses of each sentence.
+          cache: ``{"key": [batch, heads, head_dim, max_len·beam], "value": [batch, heads,
+            max_len·beam, head_dim]}`` (head-major, see ``cached_attention``); keys are
             stored already rotated when RoPE is used.
-          index: int scalar, the position being written.
-          cross_kv: encoder keys/values ``[batch, src_len, heads, head_dim]``, shared by the
-            beams of a sentence (the beams act as ``beam`` query positions).
+          slot: int scalar, ``position·beam``: the slot of hypothesis 0 at this position.
+          self_mask: bool ``[batch, 1, q, max_len·beam]``: the slots each query reads.
+          cross_kv: encoder keys ``[batch, heads, head_dim, src_len]`` and values
+            ``[batch, heads, src_len, head_dim]`` (``project_kv_cache``), shared by the
+            hypotheses of a sentence (they act as ``q`` query positions).
           cross_mask: bool ``[batch, 1, 1, src_len]``.
-          beam_size: beams per sentence.
-          bias: float32 ``[1, heads, 1, max_len]``: position bias of query ``index`` against
-            cache slots 0..max_len-1 (relative/ALiBi), or None.
-          rope_positions: int ``[1, 1]`` holding ``index`` (RoPE), or None.
+          bias: float32 ``[1, heads, 1, max_len·beam]``: position bias of the current
+            position against every slot (relative/ALiBi), or None.
+          rope_positions: int ``[1, 1]`` holding the current position (RoPE), or None.
 
         Returns:
-          ``([batch·beam, 1, d_model], updated cache)``.
+          ``([batch, q, d_model], updated cache)``.
         """
         attn = self.self_attention
         new_cache = {}
 
         def self_attend(h):
-            k, v = attn.project_kv(h, rope_positions)  # [rows, 1, heads, head_dim]
+            k, v = attn.project_kv(h, rope_positions)  # [batch, q, heads, head_dim]
             new_cache["key"] = jax.lax.dynamic_update_slice_in_dim(
-                cache["key"], k.transpose(0, 2, 3, 1), index, axis=3)
+                cache["key"], k.transpose(0, 2, 3, 1), slot, axis=3)
             new_cache["value"] = jax.lax.dynamic_update_slice_in_dim(
-                cache["value"], v.transpose(0, 2, 1, 3), index, axis=2)
-            max_len = cache["key"].shape[3]
-            mask = (jnp.arange(max_len) <= index)[None, None, None, :]
-            return attn.attend_cache(h, new_cache["key"], new_cache["value"], mask, bias=bias,
-                                     rope_positions=rope_positions)
+                cache["value"], v.transpose(0, 2, 1, 3), slot, axis=2)
+            return attn.attend_cache(h, new_cache["key"], new_cache["value"], self_mask,
+                                     bias=bias, rope_positions=rope_positions)
 
         def cross_attend(h):
-            # [batch·beam, 1, d] -> [batch, beam, d]: beams become query positions.
-            hb = h.reshape(-1, beam_size, h.shape[-1])
-            out = self.cross_attention.attend(hb, *cross_kv, cross_mask)
-            return out.reshape(h.shape)
+            return self.cross_attention.attend_cache(h, *cross_kv, cross_mask)
 
         kw = dict(deterministic=True, rngs=None)
         x = self.self_block(x, self_attend, **kw)

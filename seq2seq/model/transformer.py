@@ -245,19 +245,24 @@ class Transformer(nnx.Module):
                    max_len: int) -> Cache:
         """Decoding cache: empty self-attention keys/values and the cross-attention ones.
 
-        Cross-attention keys/values are computed once per sentence (not per beam).
+        Cross-attention keys/values are computed once per sentence (not per beam). The
+        ``beam_size`` hypotheses of a sentence share ``max_len·beam_size`` self-attention
+        slots (slot ``t·beam_size + i`` holds hypothesis i's key/value at position t);
+        ``ancestors[b, j, t]`` is the hypothesis i whose slot at position t hypothesis j reads. Reordering hypotheses (beam search) gathers only this table
+        (``reorder_cache``), never the keys and values.
 
         Args:
           encoded: ``[batch, src_len, d_model]``.
           src_segments: int32 ``[batch, src_len]``.
-          beam_size: beams per sentence.
+          beam_size: hypotheses per sentence.
           max_len: decoder positions to reserve.
 
         Returns:
-          ``{"layers": [{"key": [batch·beam, heads, head_dim, max_len], "value":
-          [batch·beam, heads, max_len, head_dim]}] (head-major, see ``cached_attention``),
-          "cross": [(key, value) of [batch, src_len, heads, head_dim]],
-          "cross_mask": bool [batch, 1, 1, src_len]}``.
+          ``{"layers": [{"key": [batch, heads, head_dim, max_len·beam], "value":
+          [batch, heads, max_len·beam, head_dim]}] (head-major, see ``cached_attention``),
+          "ancestors": int32 [batch, beam, max_len] (zeros: every hypothesis starts from
+          hypothesis 0's first position), "cross": [(key [batch, heads, head_dim, src_len],
+          value [batch, heads, src_len, head_dim])], "cross_mask": bool [batch, 1, 1, src_len]}``.
 
         Raises:
           ValueError: ``learned`` positions and max_len > ``model.max_len``.
@@ -266,43 +271,73 @@ class Transformer(nnx.Module):
         batch = encoded.shape[0]
         heads = self.config.num_heads
         head_dim = self.config.d_model // heads
-        rows = batch * beam_size
-        layers = [{"key": jnp.zeros((rows, heads, head_dim, max_len), self.dtype),
-                   "value": jnp.zeros((rows, heads, max_len, head_dim), self.dtype)}
+        slots = max_len * beam_size
+        layers = [{"key": jnp.zeros((batch, heads, head_dim, slots), self.dtype),
+                   "value": jnp.zeros((batch, heads, slots, head_dim), self.dtype)}
                   for _ in self.decoder_layers]
-        cross = [layer.cross_attention.project_kv(encoded) for layer in self.decoder_layers]
-        return {"layers": layers, "cross": cross, "cross_mask": (src_segments > 0)[:, None, None, :]}
+        cross = [layer.cross_attention.project_kv_cache(encoded) for layer in self.decoder_layers]
+        return {"layers": layers, "ancestors": jnp.zeros((batch, beam_size, max_len), jnp.int32),
+                "cross": cross, "cross_mask": (src_segments > 0)[:, None, None, :]}
 
-    def decode_step(self, tokens: jax.Array, index: jax.Array, cache: Cache,
-                    beam_size: int) -> tuple[jax.Array, Cache]:
-        """Logits for the next token given the token at position ``index``.
+    @staticmethod
+    def reorder_cache(cache: Cache, parents: jax.Array) -> Cache:
+        """The cache after hypothesis j of every sentence has become a copy of ``parents[:, j]``.
+
+        Only the ancestry table ``[batch, beam, max_len]`` is gathered (a few KB); the keys
+        and values stay where they are.
+
+        Args:
+          cache: from ``init_cache``/``decode_step``.
+          parents: int32 ``[batch, beam]``, each in ``[0, beam)``.
+
+        Returns:
+          the cache with ``ancestors[b, j] = old ancestors[b, parents[b, j]]``.
+        """
+        ancestors = jnp.take_along_axis(cache["ancestors"], parents[:, :, None], axis=1)
+        return {**cache, "ancestors": ancestors}
+
+    def decode_step(self, tokens: jax.Array, index: jax.Array, cache: Cache
+                    ) -> tuple[jax.Array, Cache]:
+        """Logits for the next token given the token at position ``index`` of each hypothesis.
 
         Every row holds one sentence, so the decoder position is ``index`` itself. RoPE keys are
         rotated before they are cached; relative/ALiBi use the bias of query ``index`` against
-        cache slots 0..index (later slots are masked).
+        every cache slot (later positions are masked).
 
         Args:
-          tokens: int32 ``[batch·beam]`` tokens at position ``index`` (BOS at 0).
+          tokens: int32 ``[batch, q]`` tokens at position ``index`` (BOS at 0) of the first
+            ``q ≤ beam`` hypotheses of each sentence (beam search runs step 0 with q = 1).
           index: int32 scalar position.
           cache: from ``init_cache`` or a previous step.
-          beam_size: beams per sentence.
 
         Returns:
-          float32 logits ``[batch·beam, vocab]`` and the updated cache.
+          float32 logits ``[batch, q, vocab]`` and the updated cache (hypothesis j < q has
+          written slot ``index·beam + j``).
         """
         pos = self.decoder_positions
+        batch, q = tokens.shape
+        ancestors = cache["ancestors"]
+        beam, max_len = ancestors.shape[1:]
+        hyp = jnp.arange(beam, dtype=jnp.int32)
+        slot = jnp.arange(max_len)
+        own = (slot == index)[None, None, :] & (hyp < q)[None, :, None]
+        ancestors = jnp.where(own, hyp[None, :, None], ancestors)
+        # query j reads slot (t, ancestors[j, t]) for t ≤ index: [batch, 1, q, max_len·beam]
+        self_mask = ((ancestors[:, :q, :, None] == hyp) & (slot <= index)[:, None])
+        self_mask = self_mask.reshape(batch, 1, q, max_len * beam)
         query_pos = jnp.reshape(index, (1, 1)).astype(jnp.int32)
-        x = self._embed(self._target_embedding(), pos, tokens[:, None], query_pos,
+        x = self._embed(self._target_embedding(), pos, tokens, query_pos,
                         deterministic=True, rngs=None)
-        max_len = cache["layers"][0]["value"].shape[2] if cache["layers"] else 0
-        bias = pos.bias(query_pos, jnp.arange(max_len, dtype=jnp.int32)[None])
+        bias = pos.bias(query_pos, slot.astype(jnp.int32)[None])
+        if bias is not None:  # [1, heads, 1, max_len] -> every slot of a position
+            bias = jnp.repeat(bias, beam, axis=-1)
         rope = pos.rope(query_pos)
         new_layers = []
         for layer, layer_cache, cross_kv in zip(self.decoder_layers, cache["layers"], cache["cross"]):
-            x, layer_cache = layer.decode_step(x, layer_cache, index, cross_kv, cache["cross_mask"],
-                                               beam_size, bias=bias, rope_positions=rope)
+            x, layer_cache = layer.decode_step(x, layer_cache, index * beam, self_mask, cross_kv,
+                                               cache["cross_mask"], bias=bias, rope_positions=rope)
             new_layers.append(layer_cache)
-        return self.logits(x[:, 0]), {**cache, "layers": new_layers}
+        return self.logits(x), {**cache, "layers": new_layers, "ancestors": ancestors}
 
 
 def build_model(config: ModelConfig, seed: int = 0) -> Transformer:
