@@ -11,7 +11,8 @@ from flax import nnx
 
 from seq2seq.config import ModelConfig
 from seq2seq.decoding import (NEG_INF, _top_continuations, beam_search_jit, filter_logits,
-                              greedy_search_jit, length_penalty, sample_jit, sentence_keys)
+                              greedy_search_jit, length_penalty, sample_jit, sentence_keys,
+                              top_k_by_chunks)
 from seq2seq.model import build_model
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -439,3 +440,17 @@ def test_two_stage_top_k_equals_top_k_over_all_candidates():
     np.testing.assert_array_equal(src_beam, idx // vocab)
     np.testing.assert_array_equal(tok, idx % vocab)
     np.testing.assert_allclose(got_logp, want_logp, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n,k", [(50, 8), (8000, 8), (1000, 3), (37, 1), (9, 9)])
+def test_top_k_by_chunks_equals_top_k_with_ties(n, k):
+    rng = np.random.default_rng(n + k)
+    x = rng.normal(size=(6, n)).astype(np.float32)
+    x[1] = np.round(x[1])  # many ties, across chunks
+    x[2] = 0.0  # all equal: the lowest indices win
+    x[3, :-3] = NEG_INF  # the best entries at the end (a padded last chunk)
+    x[4, ::7] = 5.0  # ties at the top in many chunks
+    want_v, want_i = jax.lax.top_k(jnp.asarray(x), k)
+    got_v, got_i = top_k_by_chunks(jnp.asarray(x), k)
+    np.testing.assert_array_equal(got_v, want_v)
+    np.testing.assert_array_equal(got_i, want_i)
