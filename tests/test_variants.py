@@ -137,19 +137,43 @@ def test_bfloat16_matmuls_accumulate_in_float32_forward_and_backward():
                 assert float(jnp.abs(g - r).max() / jnp.abs(r).max()) < tol
 
 
-def _dot_operand_dtypes(jaxpr) -> list[tuple]:
-    """Operand dtypes of every ``dot_general`` without batch dimensions (the projections and
-    the output layer, not the attention products) in a jaxpr and its sub-jaxprs."""
+def _projection_dots(jaxpr) -> list:
+    """Every ``dot_general`` without batch dimensions (the projections and the output layer,
+    not the attention products) in a jaxpr and its sub-jaxprs."""
     found = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general" and not any(eqn.params["dimension_numbers"][1]):
-            found.append(tuple(v.aval.dtype for v in eqn.invars))
+            found.append(eqn)
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):
-                    found += _dot_operand_dtypes(inner)
+                    found += _projection_dots(inner)
     return found
+
+
+def _dot_operand_dtypes(jaxpr) -> list[tuple]:
+    """Operand dtypes of every projection ``dot_general`` (``_projection_dots``)."""
+    return [tuple(v.aval.dtype for v in eqn.invars) for eqn in _projection_dots(jaxpr)]
+
+
+def test_float32_weight_gradients_are_two_dimensional_matmuls():
+    # autodiff would contract [batch, length, in] with [batch, length, out] over two axes, which
+    # XLA:CPU runs through its slow generic dot; precision.matmul's VJP flattens tokens first
+    model = build_model(tiny_config(), seed=0)
+    graphdef, params = nnx.split(model, nnx.Param)
+    src, tgt = random_pairs(2, np.random.default_rng(0))
+    batch = unpacked_batch(src, tgt, 8)
+
+    def loss(p):
+        return jnp.sum(nnx.merge(graphdef, p)(batch, bos_id=BOS))
+
+    dots = _projection_dots(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+    assert len(dots) > 20
+    contracted = [len(eqn.params["dimension_numbers"][0][0]) for eqn in dots]
+    assert contracted == [1] * len(dots)
+    weight_grads = [eqn for eqn in dots if eqn.params["dimension_numbers"][0] == ((0,), (0,))]
+    assert len(weight_grads) >= 20 and all(v.aval.ndim == 2 for e in weight_grads for v in e.invars)
 
 
 def test_bfloat16_layers_multiply_bfloat16_operands_in_the_backward_pass_too():

@@ -8,8 +8,13 @@ so each projection runs its forward product and both gradient products at bf16 s
 
 Asking XLA for a float32 result is also what selects the fast bf16 kernels on CPUs with
 AVX512-BF16: on the 2-core AMD EPYC here a 2048³ bf16 matmul runs at ~380 GFLOP/s with a
-float32 result and ~150 GFLOP/s with a bf16 one (float32: ~190). In float32 nothing changes:
-the functions below are then plain ``lax.dot_general``s with ordinary autodiff.
+float32 result and ~150 GFLOP/s with a bf16 one (float32: ~190).
+
+In float32 the same custom VJP computes exactly the products autodiff would (dx = g·Wᵀ,
+dW = xᵀ·g), but it flattens the leading axes before the weight gradient: autodiff contracts
+``[batch, length, in]`` with ``[batch, length, out]`` over two axes, a form XLA's CPU backend
+runs through its slow generic dot plus copies, where a 2-D ``[tokens, in]ᵀ·[tokens, out]``
+goes to the fast matmul kernels (``tiny`` training step 0.89 → 0.79 s).
 """
 
 from __future__ import annotations
@@ -20,21 +25,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-_F32 = jnp.dtype(jnp.float32)
-
-
 def _dot(a, b, contract_a: int, contract_b: int):
     return lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())),
                            preferred_element_type=jnp.float32)
 
 
-def _product(x, w, w_transposed: bool, out_dtype):
-    return _dot(x, w, x.ndim - 1, 1 if w_transposed else 0).astype(out_dtype)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _matmul(x, w, w_transposed: bool, out_dtype):
-    return _product(x, w, w_transposed, out_dtype)
+    return _dot(x, w, x.ndim - 1, 1 if w_transposed else 0).astype(out_dtype)
 
 
 def _matmul_fwd(x, w, w_transposed, out_dtype):
@@ -67,10 +65,7 @@ def matmul(x: jax.Array, w: jax.Array, *, w_transposed: bool = False,
     Returns:
       ``[..., out]`` in ``out_dtype``. Gradients are in the operands' dtypes.
     """
-    out_dtype = jnp.dtype(out_dtype or x.dtype)
-    if x.dtype == _F32 and w.dtype == _F32:
-        return _product(x, w, w_transposed, out_dtype)  # plain autodiff
-    return _matmul(x, w, w_transposed, out_dtype)
+    return _matmul(x, w, w_transposed, jnp.dtype(out_dtype or x.dtype))
 
 
 def dot_general_f32_accumulate(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
