@@ -145,9 +145,6 @@ def cached_attention(query: jax.Array, key_cache: jax.Array, value_cache: jax.Ar
     logits = jnp.sum(q[..., None] * key_cache.astype(f32)[:, :, None], axis=3)
     probs = _attention_weights(logits, query.shape[-1], mask, bias)
     out = jnp.sum(probs[..., None] * value_cache.astype(f32)[:, :, None], axis=3)
-    # kept out of the output projection's fusion: XLA:CPU fuses the sum into the matmul and
-    # runs it ~5x slower there
-    out = jax.lax.optimization_barrier(out)
     return out.transpose(0, 2, 1, 3).astype(query.dtype)
 
 
