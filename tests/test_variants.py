@@ -152,15 +152,9 @@ def _projection_dots(jaxpr) -> list:
     return found
 
 
-def _dot_operand_dtypes(jaxpr) -> list[tuple]:
-    """Operand dtypes of every projection ``dot_general`` (``_projection_dots``)."""
-    return [tuple(v.aval.dtype for v in eqn.invars) for eqn in _projection_dots(jaxpr)]
-
-
-def test_float32_weight_gradients_are_two_dimensional_matmuls():
-    # autodiff would contract [batch, length, in] with [batch, length, out] over two axes, which
-    # XLA:CPU runs through its slow generic dot; precision.matmul's VJP flattens tokens first
-    model = build_model(tiny_config(), seed=0)
+def _training_projection_dots(dtype: str) -> list:
+    """The projection ``dot_general``s of a tiny model's forward and backward pass."""
+    model = build_model(tiny_config(dtype=dtype), seed=0)
     graphdef, params = nnx.split(model, nnx.Param)
     src, tgt = random_pairs(2, np.random.default_rng(0))
     batch = unpacked_batch(src, tgt, 8)
@@ -170,6 +164,13 @@ def test_float32_weight_gradients_are_two_dimensional_matmuls():
 
     dots = _projection_dots(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
     assert len(dots) > 20
+    return dots
+
+
+def test_float32_weight_gradients_are_two_dimensional_matmuls():
+    # autodiff would contract [batch, length, in] with [batch, length, out] over two axes, which
+    # XLA:CPU runs through its slow generic dot; precision.matmul's VJP flattens tokens first
+    dots = _training_projection_dots("float32")
     contracted = [len(eqn.params["dimension_numbers"][0][0]) for eqn in dots]
     assert contracted == [1] * len(dots)
     weight_grads = [eqn for eqn in dots if eqn.params["dimension_numbers"][0] == ((0,), (0,))]
@@ -177,16 +178,8 @@ def test_float32_weight_gradients_are_two_dimensional_matmuls():
 
 
 def test_bfloat16_layers_multiply_bfloat16_operands_in_the_backward_pass_too():
-    model = build_model(tiny_config(dtype="bfloat16"), seed=0)
-    graphdef, params = nnx.split(model, nnx.Param)
-    src, tgt = random_pairs(2, np.random.default_rng(0))
-    batch = unpacked_batch(src, tgt, 8)
-
-    def loss(p):
-        return jnp.sum(nnx.merge(graphdef, p)(batch, bos_id=BOS))
-
-    dots = _dot_operand_dtypes(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
-    assert len(dots) > 20
+    dots = [tuple(v.aval.dtype for v in eqn.invars)
+            for eqn in _training_projection_dots("bfloat16")]
     # every projection of the forward and backward pass multiplies bfloat16 operands (the
     # float32-accumulated products are rounded back), none silently falls back to float32
     # (jax.nn.dot_product_attention's own backward keeps float32 score gradients)
