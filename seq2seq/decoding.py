@@ -237,10 +237,10 @@ def _top_continuations(logits: jax.Array, banned: jax.Array, alive_logp: jax.Arr
 
     Equal to ``top_k`` over all ``beam·vocab`` candidates, done in two stages: each beam's
     ``n`` best tokens by logit (``top_k_by_chunks``; log-softmax is a per-row shift, so the
-    order is the same), then the best ``n`` of those ``beam·n``. Equal scores keep ``top_k``'s order (lower beam, then
-    lower token first); the one difference is two distinct logits that round to the same
-    log-probability, which keep their logit order. Log-probabilities are computed only for the
-    kept tokens.
+    order is the same), then the best ``n`` of those ``beam·n``. Equal scores keep
+    ``top_k``'s order (lower beam, then lower token first); the one difference is two distinct
+    logits that round to the same log-probability, which keep their logit order.
+    Log-probabilities are computed only for the kept tokens.
 
     Args:
       logits: float32 ``[batch, beam, vocab]``.

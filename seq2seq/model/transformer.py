@@ -248,7 +248,8 @@ class Transformer(nnx.Module):
         Cross-attention keys/values are computed once per sentence (not per beam). The
         ``beam_size`` hypotheses of a sentence share ``max_len·beam_size`` self-attention
         slots (slot ``t·beam_size + i`` holds hypothesis i's key/value at position t);
-        ``ancestors[b, j, t]`` is the hypothesis i whose slot at position t hypothesis j reads. Reordering hypotheses (beam search) gathers only this table
+        ``ancestors[b, j, t]`` is the hypothesis i whose slot at position t hypothesis j
+        reads. Reordering hypotheses (beam search) gathers only this table
         (``reorder_cache``), never the keys and values.
 
         Args:
@@ -319,23 +320,25 @@ class Transformer(nnx.Module):
         ancestors = cache["ancestors"]
         beam, max_len = ancestors.shape[1:]
         hyp = jnp.arange(beam, dtype=jnp.int32)
-        slot = jnp.arange(max_len)
-        own = (slot == index)[None, None, :] & (hyp < q)[None, :, None]
+        positions = jnp.arange(max_len)
+        own = (positions == index)[None, None, :] & (hyp < q)[None, :, None]
         ancestors = jnp.where(own, hyp[None, :, None], ancestors)
         # query j reads slot (t, ancestors[j, t]) for t ≤ index: [batch, 1, q, max_len·beam]
-        self_mask = ((ancestors[:, :q, :, None] == hyp) & (slot <= index)[:, None])
+        self_mask = (ancestors[:, :q, :, None] == hyp) & (positions <= index)[:, None]
         self_mask = self_mask.reshape(batch, 1, q, max_len * beam)
         query_pos = jnp.reshape(index, (1, 1)).astype(jnp.int32)
         x = self._embed(self._target_embedding(), pos, tokens, query_pos,
                         deterministic=True, rngs=None)
-        bias = pos.bias(query_pos, slot.astype(jnp.int32)[None])
+        bias = pos.bias(query_pos, positions.astype(jnp.int32)[None])
         if bias is not None:  # [1, heads, 1, max_len] -> every slot of a position
             bias = jnp.repeat(bias, beam, axis=-1)
         rope = pos.rope(query_pos)
         new_layers = []
-        for layer, layer_cache, cross_kv in zip(self.decoder_layers, cache["layers"], cache["cross"]):
+        layers = zip(self.decoder_layers, cache["layers"], cache["cross"])
+        for layer, layer_cache, cross_kv in layers:
             x, layer_cache = layer.decode_step(x, layer_cache, index * beam, self_mask, cross_kv,
-                                               cache["cross_mask"], bias=bias, rope_positions=rope)
+                                               cache["cross_mask"], bias=bias,
+                                               rope_positions=rope)
             new_layers.append(layer_cache)
         return self.logits(x), {**cache, "layers": new_layers, "ancestors": ancestors}
 
