@@ -154,9 +154,9 @@ def test_reordered_hypotheses_read_their_ancestors_cache(positions, rng):
     def inputs(t):  # decoder inputs [2, beam, length]: BOS, then the targets shifted right
         return np.concatenate([np.full((2, beam, 1), BOS), t[:, :, :-1]], axis=2)
 
-    encoded = model.encode(*(unpacked_batch(src, src, 12)[k]
-                             for k in ("src", "src_segments", "src_positions")))
-    cache = model.init_cache(encoded, unpacked_batch(src, src, 12)["src_segments"], beam, length)
+    sources = unpacked_batch(src, src, 12)
+    encoded = model.encode(sources["src"], sources["src_segments"], sources["src_positions"])
+    cache = model.init_cache(encoded, sources["src_segments"], beam, length)
     steps = []
     for i in range(length):
         if i == before:

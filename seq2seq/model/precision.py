@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+
 def _dot(a, b, contract_a: int, contract_b: int):
     return lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())),
                            preferred_element_type=jnp.float32)
