@@ -1066,7 +1066,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-limit", type=int, default=None,
                    help="decode only the first N test sentences (0 = all 2,780; default)")
     p.add_argument("--decode-repeats", type=int, default=None,
-                   help="fixed-shape decode repeats (3)")
+                   help="fixed-shape decode repeats (10)")
     p.add_argument("--kv-sentences", type=int, default=None,
                    help="sentences for the KV-cache test (128)")
     p.add_argument("--kv-rows", type=int, default=64, help="batch rows for the KV-cache test")
@@ -1092,7 +1092,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     smoke = a.smoke
     defaults = dict(steps=(2 if smoke else 10), warmup=(1 if smoke else 2),
                     dtype=("bfloat16" if accelerator else "float32"),
-                    decode_limit=(8 if smoke else 0), decode_repeats=(1 if smoke else 3),
+                    decode_limit=(8 if smoke else 0), decode_repeats=(1 if smoke else 10),
                     kv_prefix_step=(64 if smoke else 8),
                     kv_sentences=(8 if smoke else 128), shape_batches=(20 if smoke else 200),
                     attention_lengths=("64,128" if smoke else "1024,2048,4096,8192"),
