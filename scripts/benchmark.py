@@ -14,7 +14,8 @@ Sections (``--only``, comma-separated; default all):
   ``jnp.dot`` peak measured in the same run.
 * ``decode``: the shipped test split with greedy and beam 4 (sentences/s, tokens/s, compile
   time apart), the KV cache against a decoder that recomputes the prefix at every step, and
-  fixed-shape beam-4 decoding (16 source and exactly 16 output tokens) for ``tiny``/``base``.
+  fixed-shape beam-4 decoding (16 source and exactly 16 output tokens) for ``tiny``/``base``
+  (median and min–max of ``--decode-repeats`` calls).
 * ``data``: SentencePiece tokenization throughput and time to the first batch (new run
   directory and cached).
 * ``memory``: peak host RSS of training and of decoding, each in a child process (and peak
