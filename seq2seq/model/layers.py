@@ -150,7 +150,8 @@ class DecoderLayer(nnx.Module):
     ``__call__`` (teacher forcing): x ``[batch, tgt_len, d_model]``, cross keys/values
     ``[batch, src_len, heads, head_dim]``, optional self-attention ``bias``/``rope_positions``
     → ``[batch, tgt_len, d_model]``. Cross-attention has no position term.
-    ``decode_step`` (one new position, KV cache): x ``[batch, beam, d_model]``.
+    ``decode_step`` (one new position, KV cache): x ``[batch, q ≤ beam, d_model]``, the
+    current position of the first q hypotheses of each sentence.
     """
 
     def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
