@@ -78,3 +78,36 @@ def train_command(overrides: list[str]) -> list[str]:
 def run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``cmd`` to completion, capturing text output."""
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def write_hub_dataset(directory: Path, config_name: str, splits: dict[str, list[tuple[str, str]]],
+                      src_lang: str, tgt_lang: str) -> str:
+    """A local dataset with the layout of a Hugging Face hub translation dataset (e.g. ``wmt14``):
+    a README whose YAML header declares the config ``config_name`` and its splits, and one JSON
+    Lines file per split with rows ``{"translation": {src_lang: ..., tgt_lang: ...}}``.
+
+    ``datasets.load_dataset(directory, config_name, split=...)`` reads it offline exactly as a
+    ``hub`` source reads the real dataset; returns ``directory`` (a ``hub`` source's ``path``).
+    """
+    import json
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / config_name).mkdir(exist_ok=True)
+    header = ["---", "configs:", f"- config_name: {config_name}", "  data_files:"]
+    for split, pairs in splits.items():
+        header += [f"  - split: {split}", f"    path: {config_name}/{split}.jsonl"]
+        with open(directory / config_name / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            for src, tgt in pairs:
+                f.write(json.dumps({"translation": {src_lang: src, tgt_lang: tgt}},
+                                   ensure_ascii=False) + "\n")
+    (directory / "README.md").write_text("\n".join(header + ["---", ""]), encoding="utf-8")
+    return str(directory)
+
+
+def shipped_pairs(start: int, count: int) -> list[tuple[str, str]]:
+    """Lines ``start .. start+count`` of the shipped training split as (en, es) pairs."""
+    sides = []
+    for lang in ("en", "es"):
+        with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            sides.append(f.read().split("\n")[start:start + count])
+    return list(zip(*sides))
