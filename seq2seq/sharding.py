@@ -58,6 +58,8 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("embed", "fsdp"),      # d_model: FSDP splits every weight and its Adam moments along it
     ("heads", "tensor"),    # heads × head_dim: Q/K/V columns, output-projection rows
     ("mlp", "tensor"),      # d_ff: FFN W1 columns, W2 rows
+    ("positions", None),    # rows of a learned position table (model.max_len): small, replicated
+    ("relpos_buckets", None),  # T5 relative-position buckets: a [heads, buckets] table
 )
 
 

@@ -55,9 +55,43 @@ def test_mesh_on_this_process_uses_all_devices():
 
 def test_rules_table_maps_each_logical_axis():
     assert dict(RULES) == {"batch": ("data", "fsdp"), "vocab": "tensor", "embed": "fsdp",
-                           "heads": "tensor", "mlp": "tensor"}
+                           "heads": "tensor", "mlp": "tensor", "positions": None,
+                           "relpos_buckets": None}
     table = format_rules()
     assert "| `embed` | fsdp |" in table and "| `batch` | data × fsdp |" in table
+    assert "| `positions` | replicated |" in table
+
+
+def _variants():
+    """Every value of every model choice at least once (positions × sharing × activation ×
+    norm, the product over positions and sharing, the others cycled along)."""
+    from seq2seq.config import MODEL_CHOICES
+
+    out = []
+    for i, positions in enumerate(MODEL_CHOICES["positions"]):
+        for j, share in enumerate(MODEL_CHOICES["share_embeddings"]):
+            k = i * len(MODEL_CHOICES["share_embeddings"]) + j
+            out.append(dict(positions=positions, share_embeddings=share,
+                            activation=MODEL_CHOICES["activation"][k % 4],
+                            norm=MODEL_CHOICES["norm"][k % 2], dtype=MODEL_CHOICES["dtype"][k % 2]))
+    return out
+
+
+@pytest.mark.parametrize("variant", _variants(), ids=lambda v: "-".join(v.values()))
+def test_every_logical_axis_of_every_model_variant_has_a_rule(variant):
+    """Each parameter (and Adam moment) of each variant maps to mesh axes on a (2,2,2) mesh;
+    before the `positions` and `relpos_buckets` rules, learned and relative positions raised
+    KeyError in seq2seq-train."""
+    from flax import nnx
+
+    _, abstract = abstract_train_state(Config(model=tiny_config(**variant)))
+    names = {n for spec in jax.tree.leaves(nnx.get_partition_spec(abstract),
+                                           is_leaf=lambda x: isinstance(x, P))
+             for n in spec if n is not None}
+    assert {"vocab", "embed", "heads", "mlp"} <= names
+    assert names <= set(dict(RULES)), names - set(dict(RULES))
+    specs = Partitioner(_mesh(2, 2, 2)).shardings(abstract)  # raises KeyError without a rule
+    assert jax.tree.structure(specs) == jax.tree.structure(abstract)
 
 
 @pytest.mark.parametrize("logical, shape, mesh, expected", [
