@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 
 from seq2seq.config import Config, load_config, replace, save_config, to_dict
-from seq2seq.data.tokenizer import TokenizerPair, load_pair
+from seq2seq.data.tokenizer import TokenizerPair, load_pair, model_names
 from seq2seq.model import build_model
 from seq2seq.training.checkpoints import Checkpointer, CheckpointError
 from seq2seq.training.metrics import read_metrics
@@ -176,9 +176,11 @@ def average_checkpoints(workdir: str | Path, output: str | Path, *, steps: Seque
     if overwrite and checkpoint_dir(output).exists():
         shutil.rmtree(checkpoint_dir(output))
     save_config(replace(config, workdir=str(output)), config_path(output))
-    for name in ("spm.model", "spm.json"):
-        if (workdir / name).is_file():
-            shutil.copy2(workdir / name, output / name)
+    for stem in dict.fromkeys(model_names(config.tokenizer, config.data.src_lang,
+                                          config.data.tgt_lang)):  # joint: one; else one per side
+        for name in (f"{stem}.model", f"{stem}.json"):
+            if (workdir / name).is_file():
+                shutil.copy2(workdir / name, output / name)
     target = Checkpointer(checkpoint_dir(output), keep=None, async_save=False)
     try:
         target.save(steps[-1], averaged, {**meta, "averaged_from": steps, "source": str(workdir)})

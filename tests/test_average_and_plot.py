@@ -92,3 +92,22 @@ def test_plot_writes_a_png_with_all_curves(tmp_path, capsys):
     assert (width, height) == (1100, 700)
     assert "curves.png" in capsys.readouterr().out
     assert cli.plot_main(["--workdir", str(tmp_path / "missing")]) == 2
+
+
+def test_average_copies_each_sides_tokenizer_with_separate_vocabularies(tmp_path):
+    """With tokenizer.joint=false the run reads spm.<lang>.model; before, only spm.model was
+    copied and the averaged directory could not translate."""
+    workdir, config, _ = _run_dir(tmp_path, {10: 1, 20: 2})
+    from seq2seq.config import replace
+
+    config = replace(config, **{"tokenizer.joint": False})  # only the file names matter here
+    save_config(config, config_path(workdir))
+    for name in ("spm.en.model", "spm.en.json", "spm.es.model", "spm.es.json"):
+        (workdir / name).write_text(name)
+    out = tmp_path / "avg"
+    from seq2seq.workdir import average_checkpoints
+
+    average_checkpoints(workdir, out, last=2)
+    for name in ("spm.en.model", "spm.en.json", "spm.es.model", "spm.es.json"):
+        assert (out / name).read_text() == name
+    assert not (out / "spm.model").exists()
