@@ -249,6 +249,34 @@ def main_process_first(name: str) -> Iterator[None]:
         multihost_utils.sync_global_devices(name)
 
 
+def agree_to_stop(signum: int | None, out_of_time: bool) -> tuple[int | None, bool]:
+    """Combine every process's stop flags into one decision that all processes share.
+
+    The training loop calls this once per step, at the same point on every process, so that
+    all of them stop after the same step and enter the checkpoint save together; a process
+    that stopped alone would wait in the save while the others wait in the next step's
+    collectives, and the job would hang or crash instead of saving.
+
+    Args:
+      signum: the signal this process received (SIGINT/SIGTERM), or None.
+      out_of_time: whether this process has reached ``train.max_seconds``.
+
+    Returns:
+      ``(signum, out_of_time)`` agreed by all processes: the largest signal number any process
+      received (so SIGTERM, 15, wins over SIGINT, 2, the same on every process), or None if
+      none did; and True if any process is out of time. With one process, the arguments
+      unchanged, without any collective.
+    """
+    if jax.process_count() == 1:
+        return signum, out_of_time
+    from jax.experimental import multihost_utils
+
+    mine = np.array([signum or 0, int(out_of_time)], np.int32)
+    every = np.asarray(multihost_utils.process_allgather(mine))  # [processes, 2]
+    agreed = int(every[:, 0].max())
+    return (agreed or None), bool(every[:, 1].any())
+
+
 # -- placement and compiled steps ----------------------------------------------------------
 class Partitioner:
     """Places arrays on a mesh by the rules and compiles steps with explicit shardings.

@@ -219,3 +219,76 @@ def test_training_command_on_two_processes(tmp_path):
     assert (workdir / "checkpoints" / "4").is_dir()
     assert (workdir / "train.log").read_text().count("Partitioner(data=1, fsdp=2, tensor=2; "
                                                     "2 process(es))") == 1
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
+    """SIGTERM reaches process 1 only: both processes agree to stop after the same step, save
+    one checkpoint together and exit 143 (before ``agree_to_stop`` process 0 walked into the
+    next step's collectives while process 1 waited in the save, and the job hung)."""
+    import signal
+    import time
+
+    from seq2seq.config import load_config
+    from seq2seq.workdir import abstract_train_state
+
+    workdir = tmp_path / "run"
+    port = _free_port()
+    overrides = [
+        f"workdir={workdir}", f"data.train.path={write_split(tmp_path, 'train', 0, 300)}",
+        f"data.dev.path={write_split(tmp_path, 'dev', 300, 20)}",
+        f"data.test.path={write_split(tmp_path, 'test', 320, 6)}", "data.max_len=32",
+        "data.max_tokens=512", "tokenizer.vocab_size=200", "model.d_model=32",
+        "model.num_heads=2", "model.d_ff=64", "model.num_encoder_layers=1",
+        "model.num_decoder_layers=1", "train.steps=100000", "train.warmup_steps=2",
+        "train.eval_every=100000", "train.checkpoint_every=100000", "train.log_every=1",
+        "mesh.data=1", "mesh.fsdp=2", "mesh.tensor=2",
+        f"distributed.coordinator_address=127.0.0.1:{port}", "distributed.num_processes=2"]
+    logs = [tmp_path / f"process_{i}.log" for i in range(2)]
+    procs = []
+    try:
+        for i in range(2):  # output to files: a full pipe must not stall a process
+            with open(logs[i], "w") as f:
+                procs.append(subprocess.Popen(
+                    [sys.executable, str(WORKER), "loop", "--", *overrides,
+                     f"distributed.process_id={i}"],
+                    env=_env(2), stdout=f, stderr=subprocess.STDOUT, text=True))
+        metrics, deadline = workdir / "metrics.jsonl", time.monotonic() + 600
+        while not (metrics.is_file() and '"train"' in metrics.read_text()):
+            assert all(p.poll() is None for p in procs), logs[0].read_text()[-4000:]
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.2)
+        procs[1].send_signal(signal.SIGTERM)
+        for i, p in enumerate(procs):
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0) + 120)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"process {i} did not stop (hung):\n"
+                                     f"{logs[i].read_text()[-4000:]}") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    out = [log.read_text() for log in logs]
+    for i, p in enumerate(procs):
+        assert p.returncode == 128 + signal.SIGTERM, f"process {i}:\n{out[i][-4000:]}"
+        assert "checkpoint saved, rerun the same command to resume" in out[i]
+    own = "seq2seq.training.loop: received SIGTERM"
+    assert own in out[1] and own not in out[0]
+    assert "another process received SIGTERM: stopping at step" in out[0]
+    steps = [d.name for d in (workdir / "checkpoints").iterdir() if d.name.isdigit()]
+    assert len(steps) == 1, steps  # both processes saved the same step
+    step = int(steps[0])
+    assert 0 < step < 100000
+    for text in out:
+        assert f"interrupted at step {step};" in text
+
+    config = load_config(workdir / "config.yaml")
+    _, abstract = abstract_train_state(config)
+    p = Partitioner(make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1]))
+    ck = Checkpointer(workdir / "checkpoints", async_save=False)
+    try:
+        state, meta = ck.restore(p.abstract(abstract))
+    finally:
+        ck.close()
+    assert int(state.step) == meta["step"] == step

@@ -4,7 +4,8 @@ Rerunning on the same working directory resumes from the latest checkpoint: the 
 state (and so the learning-rate schedule), RNG, data position (micro-batches consumed), counters
 and the best-checkpoint / early-stopping bookkeeping all continue, so a resumed run computes
 bitwise the same parameters as an uninterrupted one. SIGINT/SIGTERM finish the current step
-(and an evaluation due at it), save a checkpoint and exit.
+(and an evaluation due at it), save a checkpoint and exit; with several processes, a signal to
+any one of them stops all of them after the same step (``seq2seq.sharding.agree_to_stop``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from seq2seq.config import Config, ConfigError, replace, save_config
 from seq2seq.data.batching import PackedBatches
 from seq2seq.data.pipeline import PreparedData, decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.model import build_model
-from seq2seq.sharding import (Partitioner, initialize_distributed, is_main_process,
-                              main_process_first)
+from seq2seq.sharding import (Partitioner, agree_to_stop, initialize_distributed,
+                              is_main_process, main_process_first)
 from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.early_stopping import MODES, BestTracker
 from seq2seq.training.metrics import MetricsWriter
@@ -383,9 +384,15 @@ def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, p
                          "(best %.4g at step %s)", p.step, tcfg.best_metric,
                          p.best.evals_without_improvement, p.best.value, p.best.step)
                 break
-            if stop.signum is not None:
+            # one decision for all processes: they must stop after the same step and save together
+            signum, out_of_time = agree_to_stop(
+                stop.signum, bool(tcfg.max_seconds) and p.train_seconds >= tcfg.max_seconds)
+            if signum is not None:
+                if stop.signum is None:
+                    log.warning("another process received %s: stopping at step %d and saving a "
+                                "checkpoint", signal.Signals(signum).name, p.step)
                 break
-            if tcfg.max_seconds and p.train_seconds >= tcfg.max_seconds:
+            if out_of_time:
                 stopped = "max_seconds"
                 log.warning("stopping at step %d of %d: train.max_seconds=%s reached", p.step,
                             tcfg.steps, tcfg.max_seconds)
@@ -393,8 +400,11 @@ def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, p
         if p.last_saved != p.step:
             save(new_best)
         checkpointer.wait()
-        if stop.signum is not None:
-            raise Interrupted(p.step, stop.signum)
+        # agreed again: a signal may also have come during the last step or the final save, or
+        # together with early stopping; every process must raise (or not) alike
+        signum, _ = agree_to_stop(stop.signum, False)
+        if signum is not None:
+            raise Interrupted(p.step, signum)
     return state, stopped
 
 
