@@ -26,7 +26,9 @@ from tqdm.auto import tqdm
 from seq2seq import evaluation
 from seq2seq.config import Config, ConfigError, replace, save_config
 from seq2seq.data.batching import PackedBatches
-from seq2seq.data.pipeline import PreparedData, decode_source_limit, fill_vocab_sizes, prepare
+from seq2seq.data.pipeline import (PreparedData, check_vocabularies, decode_source_limit,
+                                   fill_vocab_sizes, prepare)
+from seq2seq.data.sources import FORMATS
 from seq2seq.model import build_model
 from seq2seq.sharding import (Partitioner, agree_to_stop, initialize_distributed,
                               is_main_process, main_process_first)
@@ -35,7 +37,7 @@ from seq2seq.training.early_stopping import MODES, BestTracker
 from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.step import (create_train_state, eval_step, learning_rate_schedule,
                                    make_optimizer, train_step)
-from seq2seq.translation import Translator
+from seq2seq.translation import Translator, check_decode_config
 from seq2seq.workdir import abstract_train_state, checkpoint_dir, config_path, write_summary_md
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,49 @@ def check_train_config(config: Config) -> None:
         raise ConfigError("train.best_metric=bleu needs train.dev_bleu=true (or use best_metric=loss)")
     if t.test_checkpoint not in ("best", "last"):
         raise ConfigError(f"train.test_checkpoint must be 'best' or 'last', got {t.test_checkpoint!r}")
+
+
+def check_run_config(config: Config) -> Partitioner:
+    """Every check that needs no data, run before any work starts (no file read or written).
+
+    ``train`` (``check_train_config``), ``decode`` (``check_decode_config``), tokenizer and
+    vocabulary settings (``check_vocabularies``), the data formats and batch arithmetic, the
+    model (built abstractly, nothing allocated, so shape errors surface here and not after
+    training the tokenizer) and the mesh (its sizes, whole heads and FFN units per ``tensor``
+    shard, batch rows divisible by ``data × fsdp``).
+
+    Returns:
+      The run's ``Partitioner``.
+
+    Raises:
+      ConfigError / MeshError / ValueError: the message names the key and value at fault.
+    """
+    check_train_config(config)
+    check_decode_config(config.decode)
+    check_vocabularies(config)
+    d, m = config.data, config.model
+    for split in ("train", "dev", "test"):
+        fmt = getattr(d, split).format
+        if fmt not in FORMATS:
+            raise ConfigError(f"data.{split}.format must be one of {', '.join(FORMATS)}; "
+                              f"got {fmt!r}")
+    if d.max_len < 2:
+        raise ConfigError(f"data.max_len must be >= 2 (a token and EOS), got {d.max_len}")
+    if d.max_tokens < d.max_len:
+        raise ConfigError(f"data.max_tokens={d.max_tokens} is less than one row of "
+                          f"data.max_len={d.max_len} tokens")
+    if m.positions == "learned" and m.max_len < d.max_len:
+        raise ConfigError(f"model.positions=learned has a table of model.max_len={m.max_len} "
+                          f"positions, fewer than data.max_len={d.max_len}: raise model.max_len")
+    if m.d_model % m.num_heads:
+        raise ConfigError(f"model.d_model={m.d_model} is not divisible by "
+                          f"model.num_heads={m.num_heads}")
+    vocab = m.vocab_size or config.tokenizer.vocab_size
+    abstract_train_state(replace(config, **{"model.vocab_size": vocab,
+                                            "model.src_vocab_size": m.src_vocab_size or vocab}))
+    partitioner = Partitioner.from_config(config)
+    partitioner.process_rows(max(1, d.max_tokens // d.max_len))  # rows split over data × fsdp
+    return partitioner
 
 
 def train_batch(batches: PackedBatches, first: int, accum: int) -> dict[str, np.ndarray]:
@@ -469,12 +514,12 @@ def prepare_run(config: Config) -> tuple[Config, PreparedData]:
       The config with ``model.vocab_size`` filled in from the tokenizer, and the data.
 
     Raises:
-      ConfigError: invalid ``train`` settings.
+      ConfigError / MeshError: invalid settings (``check_run_config``), before any work.
       ValueError: ``model.vocab_size`` disagrees with the tokenizer (and data errors, see
         ``seq2seq.data.pipeline.prepare``).
     """
-    check_train_config(config)
-    initialize_distributed(config.distributed)  # no-op for a single process
+    initialize_distributed(config.distributed)  # no-op for a single process; before devices
+    check_run_config(config)
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     with main_process_first("prepare"):  # the tokenizer is trained once, then loaded
