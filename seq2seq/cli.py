@@ -174,12 +174,25 @@ def _load(args) -> tuple:
     return config, tokenizer, graphdef, params, decode
 
 
+def _partitioner(config):
+    """The run's mesh on this machine's devices, or data parallel over them when the run's
+    mesh does not fit here (e.g. trained with ``mesh.fsdp=8``, translated on one CPU)."""
+    from seq2seq.config import MeshConfig
+    from seq2seq.sharding import MeshError, Partitioner
+
+    try:
+        return Partitioner.from_config(config)
+    except MeshError as e:
+        logging.getLogger(__name__).info("%s; decoding data parallel on this machine", e)
+        return Partitioner.from_config(replace(config, mesh=MeshConfig()))
+
+
 def _translator(args, config, tokenizer, graphdef, params, decode):
     from seq2seq.translation import Translator
 
     max_src = args.max_src_tokens or max(config.data.max_len, 256)
     return Translator(graphdef, params, tokenizer, decode, max_src_len=max_src,
-                      on_long=args.on_long)
+                      on_long=args.on_long, partitioner=_partitioner(config))
 
 
 def _read_lines(path: str | None) -> list[str]:

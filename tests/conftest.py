@@ -1,11 +1,20 @@
 """Shared fixtures: tiny models and batches built in code."""
 
-import gzip
+import os
+
+# The tests run tiny models, so XLA's compile time dominates them; its CPU backend compiles
+# about twice as fast without LLVM's optimisation passes (the same XLA programs, less tuned
+# machine code). Set before jax starts its backend; an explicit level in XLA_FLAGS wins.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_backend_optimization_level=0").strip()
+
+import gzip  # noqa: E402  (after the XLA flag)
 from pathlib import Path
 
-import jax.numpy as jnp
-import numpy as np
-import pytest
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 from seq2seq.config import ModelConfig
 from seq2seq.data.batching import make_batch, pack
@@ -59,3 +68,14 @@ def rng():
 @pytest.fixture
 def model():
     return build_model(tiny_config(), seed=0)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """List the option values the end-to-end matrix ran (tests/test_matrix.py)."""
+    import sys
+
+    ran = getattr(sys.modules.get("test_matrix"), "RAN", None)
+    if ran:
+        terminalreporter.write_sep("-", "end-to-end matrix: option values run")
+        for key in sorted(ran):
+            terminalreporter.write_line(f"{key}: {', '.join(sorted(ran[key]))}")

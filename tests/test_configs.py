@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from seq2seq.config import load_config
-from tiny_run import ROOT, cli_env, shipped_pairs, write_hub_dataset
+from tiny_run import ROOT, cli_env, shipped_pairs, write_hub_dataset, xla_flags
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 WMT_PRESETS = ("transformer_base.yaml", "transformer_big.yaml")
@@ -77,7 +77,7 @@ SHORT = ["train.steps=1", "train.eval_every=1", "train.checkpoint_every=1", "tra
          "train.warmup_steps=1", "train.bleu_subset=4", "decode.test_limit=4"]
 # Compile time dominates these runs: XLA's CPU backend compiles about twice as fast without
 # LLVM's optimization passes (the same programs, only less optimized machine code).
-XLA_FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+XLA_FLAGS = xla_flags(8)
 
 
 def _fixture_pairs() -> dict[str, list[tuple[str, str]]]:

@@ -21,7 +21,7 @@ from seq2seq.training.loop import TrainingDiverged, check_train_config, fit, pre
 from seq2seq.training.metrics import read_metrics
 from seq2seq.workdir import abstract_train_state, checkpoint_dir, checkpoint_steps, load_trained
 from tiny_run import (ROOT, assert_trees_equal, cli_env, run, tiny_config, tiny_overrides,
-                      train_command, write_corpus)
+                      train_command, write_corpus, xla_flags)
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +278,7 @@ def test_checkpoint_from_8_devices_restores_on_1_and_continues(corpus, tmp_path)
     workdir = tmp_path / "run"
     _fit(corpus, workdir, "train.steps=2")
     proc = run([sys.executable, "-c", EIGHT_DEVICES, str(workdir)],
-               cli_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+               cli_env(XLA_FLAGS=xla_flags(8)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["step"] == 3 and report["devices"] == 8 and np.isfinite(report["loss"])

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import write_split
+from tiny_run import xla_flags
 from seq2seq.config import MeshConfig
 from seq2seq.sharding import Partitioner, make_mesh
 from seq2seq.training.checkpoints import Checkpointer
@@ -34,8 +35,7 @@ pytestmark = pytest.mark.slow
 def _env(devices: int | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
-    if devices is not None:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = xla_flags(devices)
     return env
 
 
@@ -182,21 +182,27 @@ def test_two_processes_equal_one_device(runs):
     _assert_same_params(restored, reference)
 
 
-def test_training_command_on_two_processes(tmp_path):
-    """``seq2seq-train`` on 2 processes × 2 devices: one tokenizer, one log, one metrics file,
-    a checkpoint written by both, the test set decoded on the mesh."""
-    workdir = tmp_path / "run"
-    port = _free_port()
-    overrides = [
+def _two_process_run(tmp_path: Path, workdir: Path, *extra: str) -> list[str]:
+    """Overrides of a tiny ``seq2seq-train`` run on 2 processes × 2 devices, mesh (1,2,2)
+    (add ``distributed.process_id``); ``extra`` sets the steps and intervals."""
+    return [
         f"workdir={workdir}", f"data.train.path={write_split(tmp_path, 'train', 0, 300)}",
         f"data.dev.path={write_split(tmp_path, 'dev', 300, 20)}",
         f"data.test.path={write_split(tmp_path, 'test', 320, 6)}", "data.max_len=32",
         "data.max_tokens=512", "tokenizer.vocab_size=200", "model.d_model=32",
         "model.num_heads=2", "model.d_ff=64", "model.num_encoder_layers=1",
-        "model.num_decoder_layers=1", "train.steps=4", "train.warmup_steps=2",
-        "train.eval_every=4", "train.checkpoint_every=4", "train.log_every=2",
-        "decode.beam_size=2", "mesh.data=1", "mesh.fsdp=2", "mesh.tensor=2",
-        f"distributed.coordinator_address=127.0.0.1:{port}", "distributed.num_processes=2"]
+        "model.num_decoder_layers=1", "train.warmup_steps=2", "mesh.data=1", "mesh.fsdp=2",
+        "mesh.tensor=2", f"distributed.coordinator_address=127.0.0.1:{_free_port()}",
+        "distributed.num_processes=2", *extra]
+
+
+def test_training_command_on_two_processes(tmp_path):
+    """``seq2seq-train`` on 2 processes × 2 devices: one tokenizer, one log, one metrics file,
+    a checkpoint written by both, the test set decoded on the mesh."""
+    workdir = tmp_path / "run"
+    overrides = _two_process_run(tmp_path, workdir, "train.steps=4", "train.eval_every=4",
+                                 "train.checkpoint_every=4", "train.log_every=2",
+                                 "decode.beam_size=2")
     procs = [subprocess.Popen(
         [sys.executable, str(WORKER), "loop", "--", *overrides, f"distributed.process_id={i}"],
         env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
@@ -232,17 +238,9 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
     from seq2seq.workdir import abstract_train_state
 
     workdir = tmp_path / "run"
-    port = _free_port()
-    overrides = [
-        f"workdir={workdir}", f"data.train.path={write_split(tmp_path, 'train', 0, 300)}",
-        f"data.dev.path={write_split(tmp_path, 'dev', 300, 20)}",
-        f"data.test.path={write_split(tmp_path, 'test', 320, 6)}", "data.max_len=32",
-        "data.max_tokens=512", "tokenizer.vocab_size=200", "model.d_model=32",
-        "model.num_heads=2", "model.d_ff=64", "model.num_encoder_layers=1",
-        "model.num_decoder_layers=1", "train.steps=100000", "train.warmup_steps=2",
-        "train.eval_every=100000", "train.checkpoint_every=100000", "train.log_every=1",
-        "mesh.data=1", "mesh.fsdp=2", "mesh.tensor=2",
-        f"distributed.coordinator_address=127.0.0.1:{port}", "distributed.num_processes=2"]
+    overrides = _two_process_run(tmp_path, workdir, "train.steps=100000",
+                                 "train.eval_every=100000", "train.checkpoint_every=100000",
+                                 "train.log_every=1")
     logs = [tmp_path / f"process_{i}.log" for i in range(2)]
     procs = []
     try:

@@ -25,6 +25,7 @@ from seq2seq.data.tokenizer import Tokenizer, train_or_load
 from seq2seq.decoding import length_penalty
 from seq2seq.model import build_model
 from seq2seq.translation import Hypothesis, Translator, check_decode_config
+from tiny_run import xla_flags
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "tatoeba-en-es"
 # 4 lines in bucket 16 and 2 in bucket 32 (batches of 4 and 2 rows), 2 empty ones; most tests
@@ -209,8 +210,7 @@ SHARDED = textwrap.dedent("""
 
 
 def test_translation_is_identical_on_1_and_8_devices(parts, tokenizer_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(8), JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", SHARDED, str(Path(__file__).parent),
                            tokenizer_path], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -278,8 +278,9 @@ def test_translate_command_options_reach_the_translator(run, monkeypatch, capsys
     seen = {}
 
     class FakeTranslator:
-        def __init__(self, graphdef, params, tokenizer, config, max_src_len, on_long):
-            seen.update(config=config, max_src_len=max_src_len, on_long=on_long)
+        def __init__(self, graphdef, params, tokenizer, config, max_src_len, on_long, partitioner):
+            seen.update(config=config, max_src_len=max_src_len, on_long=on_long,
+                        mesh=dict(partitioner.mesh.shape))
 
         def translate(self, lines, nbest=1, progress=False):
             seen.update(nbest=nbest, progress=progress)
@@ -297,13 +298,14 @@ def test_translate_command_options_reach_the_translator(run, monkeypatch, capsys
     assert seen == dict(config=replace(DECODE, beam_size=5, alpha=1.0, min_length=2,
                                        max_tokens=100, sampling=True, temperature=0.7, top_k=7,
                                        top_p=0.9, seed=3),
-                        max_src_len=40, on_long="reject", nbest=2, progress=True)
+                        max_src_len=40, on_long="reject", nbest=2, progress=True,
+                        mesh={"data": 1, "fsdp": 1, "tensor": 1})  # the run's mesh, here
     # defaults: the run's decode config, max(data.max_len, 256) tokens, no progress bar on stdin
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x\n"), encoding="utf-8"))
     assert cli.translate_main(["--workdir", "RUN"]) == 0
     assert capsys.readouterr().out == "X\n"
     assert seen == dict(config=DECODE, max_src_len=256, on_long="truncate", nbest=1,
-                        progress=False)
+                        progress=False, mesh={"data": 1, "fsdp": 1, "tensor": 1})
     # sampling options without --sampling, and out-of-range values, are errors
     assert cli.translate_main(["--workdir", "RUN", "--input", str(run / "in.txt"),
                                "--top-k", "5", "--seed", "2"]) == 2

@@ -61,11 +61,21 @@ def assert_trees_equal(a, b) -> None:
         np.testing.assert_array_equal(x, y)
 
 
+# What tests/conftest.py sets for the test process: compile without LLVM's optimisation passes.
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+
+
+def xla_flags(devices: int | None = None) -> str:
+    """``XLA_FLAGS`` for a test subprocess: ``devices`` fake CPU devices (None: one)."""
+    count = f"--xla_force_host_platform_device_count={devices} " if devices else ""
+    return count + FAST_COMPILE
+
+
 def cli_env(**extra: str) -> dict[str, str]:
-    """Environment for ``seq2seq-*`` subprocesses: CPU, this checkout importable."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), **extra)
-    env.pop("XLA_FLAGS", None)
-    env.update({k: v for k, v in extra.items()})
+    """Environment for ``seq2seq-*`` subprocesses: CPU, this checkout importable, compiled
+    like the test process (``extra`` may set ``XLA_FLAGS``, e.g. ``xla_flags(8)``)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), XLA_FLAGS=xla_flags())
+    env.update(extra)
     return env
 
 
