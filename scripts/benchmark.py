@@ -567,7 +567,7 @@ class Bench:
         """(config, tokenizer, graphdef, params, what) of the trained run or a random model."""
         a = self.args
         if a.workdir:
-            from seq2seq.workdir import load_trained
+            from seq2seq.trained import load_trained
             config, tokenizer, graphdef, params = load_trained(a.workdir)
             return config, tokenizer, graphdef, params, f"trained run {a.workdir}"
         data = self.prepared()

@@ -35,7 +35,7 @@ from seq2seq.config import Config, MeshConfig, load_config, replace  # noqa: E40
 from seq2seq.data.batching import FIELDS  # noqa: E402
 from seq2seq.sharding import MeshError, Partitioner, check_model, make_mesh  # noqa: E402
 from seq2seq.training.step import make_optimizer, train_step  # noqa: E402
-from seq2seq.workdir import abstract_train_state  # noqa: E402
+from seq2seq.training.step import abstract_train_state  # noqa: E402
 
 MESHES = ((8, 1, 1), (1, 8, 1), (2, 4, 1), (2, 2, 2), (2, 1, 4), (1, 1, 8))
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")

@@ -52,7 +52,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     if isinstance(config, int):
         return config
     from seq2seq.sharding import initialize_distributed, is_main_process
-    from seq2seq.training.loop import Interrupted, train  # heavy imports after arg checks
+    from seq2seq.run import Interrupted, train  # heavy imports after arg checks
 
     initialize_distributed(config.distributed)  # before any device use; no-op for one process
     _setup_logging(Path(config.workdir) if is_main_process() else None)  # one train.log
@@ -161,7 +161,7 @@ def _decode_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def _load(args) -> tuple:
-    from seq2seq.workdir import load_trained
+    from seq2seq.trained import load_trained
 
     config, tokenizer, graphdef, params = load_trained(args.workdir, args.step)
     changes = {key: getattr(args, opt) for opt, key in _DECODE_OPTIONS.items()
@@ -342,7 +342,7 @@ def average_main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         return _fail(f"--steps must be comma-separated integers, got {args.steps!r}")
     _setup_logging()
-    from seq2seq.workdir import average_checkpoints
+    from seq2seq.trained import average_checkpoints
 
     output = args.output or str(Path(args.workdir) / "average")
     try:

@@ -34,7 +34,7 @@ from seq2seq.training.checkpoints import Checkpointer  # noqa: E402
 from seq2seq.training.step import (create_train_state, eval_step, make_optimizer,  # noqa: E402
                                    train_step)
 from seq2seq.translation import Translator  # noqa: E402
-from seq2seq.workdir import abstract_train_state  # noqa: E402
+from seq2seq.training.step import abstract_train_state  # noqa: E402
 
 MESHES = ((8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 8))
 STEPS = 3

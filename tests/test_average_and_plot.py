@@ -13,7 +13,8 @@ from seq2seq.config import Config, load_config, save_config
 from seq2seq.model import build_model
 from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.step import create_train_state, make_optimizer
-from seq2seq.workdir import abstract_train_state, checkpoint_dir, config_path
+from seq2seq.training.step import abstract_train_state
+from seq2seq.workdir import checkpoint_dir, config_path
 
 
 def _run_dir(tmp_path, seeds):
@@ -105,7 +106,7 @@ def test_average_copies_each_sides_tokenizer_with_separate_vocabularies(tmp_path
     for name in ("spm.en.model", "spm.en.json", "spm.es.model", "spm.es.json"):
         (workdir / name).write_text(name)
     out = tmp_path / "avg"
-    from seq2seq.workdir import average_checkpoints
+    from seq2seq.trained import average_checkpoints
 
     average_checkpoints(workdir, out, last=2)
     for name in ("spm.en.model", "spm.en.json", "spm.es.model", "spm.es.json"):

@@ -17,9 +17,12 @@ from seq2seq import cli
 from seq2seq.config import ConfigError, TokenizerConfig, load_config
 from seq2seq.data.tokenizer import train_or_load
 from seq2seq.training.checkpoints import HANG_MARKER, HANG_SAVE_ENV, Checkpointer
-from seq2seq.training.loop import TrainingDiverged, check_train_config, fit, prepare_run
+from seq2seq.run import prepare_run
+from seq2seq.training.loop import TrainingDiverged, check_train_config, fit
 from seq2seq.training.metrics import read_metrics
-from seq2seq.workdir import abstract_train_state, checkpoint_dir, checkpoint_steps, load_trained
+from seq2seq.trained import load_trained
+from seq2seq.training.step import abstract_train_state
+from seq2seq.workdir import checkpoint_dir, checkpoint_steps
 from tiny_run import (ROOT, assert_trees_equal, cli_env, run, tiny_config, tiny_overrides,
                       train_command, write_corpus, xla_flags)
 
@@ -247,7 +250,8 @@ EIGHT_DEVICES = textwrap.dedent("""
     from seq2seq.training.checkpoints import Checkpointer
     from seq2seq.training.loop import train_batch
     from seq2seq.training.step import make_optimizer, train_step
-    from seq2seq.workdir import abstract_train_state, checkpoint_dir
+    from seq2seq.training.step import abstract_train_state
+    from seq2seq.workdir import checkpoint_dir
 
     assert jax.device_count() == 8
     workdir = sys.argv[1]
@@ -298,3 +302,16 @@ def test_checkpoint_from_8_devices_restores_on_1_and_continues(corpus, tmp_path)
     assert int(resumed.state.step) == 5 and resumed.progress.micro_batches == 5
     losses = [r["loss"] for r in read_metrics(workdir) if r["split"] == "train" and r["step"] == 4]
     assert losses and np.isfinite(losses[-1])
+
+
+def test_an_added_action_runs_at_its_period_and_sees_the_step(corpus, tmp_path):
+    """A periodic action plugs into the loop without touching the others: it runs after every
+    3rd step and the last, after that step's checkpoint."""
+    from seq2seq.training.loop import Action
+
+    seen = []
+    config, data = prepare_run(_config(corpus, tmp_path / "run", "train.steps=7",
+                                       "train.checkpoint_every=3"))
+    fit(config, data, actions=[Action("record", 3, lambda loop: seen.append(
+        (loop.progress.step, loop.progress.last_saved, int(loop.state.step))))])
+    assert seen == [(3, 3, 3), (6, 6, 6), (7, 7, 7)]

@@ -13,7 +13,7 @@ from conftest import tiny_config
 from seq2seq.config import Config, ConfigError, DistributedConfig, MeshConfig, load_config
 from seq2seq.sharding import (RULES, MeshError, Partitioner, check_model, format_rules,
                               initialize_distributed, logical_to_mesh, make_mesh, mesh_shape)
-from seq2seq.workdir import abstract_train_state
+from seq2seq.training.step import abstract_train_state
 
 AXES = ("data", "fsdp", "tensor")
 

@@ -169,7 +169,7 @@ def test_two_processes_equal_one_device(runs):
 
     # the checkpoint both processes wrote restores here, on one device
     from sharding_worker import CONFIG
-    from seq2seq.workdir import abstract_train_state
+    from seq2seq.training.step import abstract_train_state
 
     _, abstract = abstract_train_state(CONFIG)
     p = Partitioner(make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1]))
@@ -235,7 +235,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
     import time
 
     from seq2seq.config import load_config
-    from seq2seq.workdir import abstract_train_state
+    from seq2seq.training.step import abstract_train_state
 
     workdir = tmp_path / "run"
     overrides = _two_process_run(tmp_path, workdir, "train.steps=100000",

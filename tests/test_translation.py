@@ -233,7 +233,7 @@ def run(parts, monkeypatch, tmp_path):
         assert workdir == "RUN"
         return config, tokenizer, graphdef, params
 
-    monkeypatch.setattr("seq2seq.workdir.load_trained", load_trained)
+    monkeypatch.setattr("seq2seq.trained.load_trained", load_trained)
     return tmp_path
 
 

@@ -1,4 +1,4 @@
-"""The training loop: config → data → model → jit'd step → checkpoints/metrics → test BLEU.
+"""The training loop: prepared data → model → jit'd step → checkpoints/metrics (``fit``).
 
 Rerunning on the same working directory resumes from the latest checkpoint: the step, optimizer
 state (and so the learning-rate schedule), RNG, data position (micro-batches consumed), counters
@@ -11,36 +11,34 @@ any one of them stops all of them after the same step (``seq2seq.sharding.agree_
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from seq2seq import evaluation
-from seq2seq.config import Config, ConfigError, replace, save_config
+from seq2seq.config import Config, ConfigError
 from seq2seq.data.batching import PackedBatches
-from seq2seq.data.pipeline import (PreparedData, check_vocabularies, decode_source_limit,
-                                   fill_vocab_sizes, prepare)
-from seq2seq.data.sources import FORMATS
+from seq2seq.data.pipeline import PreparedData
 from seq2seq.model import build_model
-from seq2seq.sharding import (Partitioner, agree_to_stop, initialize_distributed,
-                              is_main_process, main_process_first)
+from seq2seq.sharding import Partitioner, agree_to_stop, is_main_process
 from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.early_stopping import MODES, BestTracker
 from seq2seq.training.metrics import MetricsWriter
-from seq2seq.training.step import (create_train_state, eval_step, learning_rate_schedule,
-                                   make_optimizer, train_step)
-from seq2seq.translation import Translator, check_decode_config
-from seq2seq.workdir import abstract_train_state, checkpoint_dir, config_path, write_summary_md
+from seq2seq.training.step import (abstract_train_state, create_train_state, eval_step,
+                                   learning_rate_schedule, make_optimizer, train_step)
+from seq2seq.workdir import checkpoint_dir
 
 log = logging.getLogger(__name__)
+
+# Dev BLEU, given by the run layer: (params, graphdef, partitioner) → {"bleu", "chrf",
+# "bleu_sentences"}; training itself never decodes.
+DevBleu = Callable[[Any, Any, Partitioner], dict[str, float]]
 
 
 class Interrupted(Exception):
@@ -115,49 +113,6 @@ def check_train_config(config: Config) -> None:
         raise ConfigError(f"train.test_checkpoint must be 'best' or 'last', got {t.test_checkpoint!r}")
 
 
-def check_run_config(config: Config) -> Partitioner:
-    """Every check that needs no data, run before any work starts (no file read or written).
-
-    ``train`` (``check_train_config``), ``decode`` (``check_decode_config``), tokenizer and
-    vocabulary settings (``check_vocabularies``), the data formats and batch arithmetic, the
-    model (built abstractly, nothing allocated, so shape errors surface here and not after
-    training the tokenizer) and the mesh (its sizes, whole heads and FFN units per ``tensor``
-    shard, batch rows divisible by ``data × fsdp``).
-
-    Returns:
-      The run's ``Partitioner``.
-
-    Raises:
-      ConfigError / MeshError / ValueError: the message names the key and value at fault.
-    """
-    check_train_config(config)
-    check_decode_config(config.decode)
-    check_vocabularies(config)
-    d, m = config.data, config.model
-    for split in ("train", "dev", "test"):
-        fmt = getattr(d, split).format
-        if fmt not in FORMATS:
-            raise ConfigError(f"data.{split}.format must be one of {', '.join(FORMATS)}; "
-                              f"got {fmt!r}")
-    if d.max_len < 2:
-        raise ConfigError(f"data.max_len must be >= 2 (a token and EOS), got {d.max_len}")
-    if d.max_tokens < d.max_len:
-        raise ConfigError(f"data.max_tokens={d.max_tokens} is less than one row of "
-                          f"data.max_len={d.max_len} tokens")
-    if m.positions == "learned" and m.max_len < d.max_len:
-        raise ConfigError(f"model.positions=learned has a table of model.max_len={m.max_len} "
-                          f"positions, fewer than data.max_len={d.max_len}: raise model.max_len")
-    if m.d_model % m.num_heads:
-        raise ConfigError(f"model.d_model={m.d_model} is not divisible by "
-                          f"model.num_heads={m.num_heads}")
-    vocab = m.vocab_size or config.tokenizer.vocab_size
-    abstract_train_state(replace(config, **{"model.vocab_size": vocab,
-                                            "model.src_vocab_size": m.src_vocab_size or vocab}))
-    partitioner = Partitioner.from_config(config)
-    partitioner.process_rows(max(1, d.max_tokens // d.max_len))  # rows split over data × fsdp
-    return partitioner
-
-
 def train_batch(batches: PackedBatches, first: int, accum: int) -> dict[str, np.ndarray]:
     """Micro-batches ``first .. first+accum-1`` stacked as int32 ``[accum, rows, max_len]``.
 
@@ -188,32 +143,21 @@ def evaluate_loss(params: Any, graphdef: Any, data: PreparedData, config: Config
             "accuracy": totals["correct"] / n, "ppl": float(np.exp(totals["nll"] / n))}
 
 
-def evaluate_bleu(params: Any, graphdef: Any, data: PreparedData, config: Config,
-                  partitioner: Partitioner | None = None) -> evaluation.Scores:
-    """sacreBLEU BLEU/chrF of the first ``train.bleu_subset`` dev sentences (0 = all).
-
-    Decodes with ``seq2seq.translation.Translator`` using beam ``train.bleu_beam_size`` (1 =
-    greedy, 0 = ``decode.beam_size``) and the rest of the ``decode`` settings, on the run's
-    mesh when ``partitioner`` is given.
-    """
-    t = config.train
-    n = t.bleu_subset or len(data.dev_text.sources)
-    sources, refs = data.dev_text.sources[:n], data.dev_text.targets[:n]
-    decode = replace(config.decode, beam_size=t.bleu_beam_size or config.decode.beam_size)
-    translator = Translator(graphdef, params, data.tokenizer, decode,
-                            max_src_len=decode_source_limit(config), partitioner=partitioner)
-    hyps = [h[0].text for h in translator.translate(sources)]
-    return evaluation.score(hyps, refs)
-
-
 def evaluate_dev(params: Any, graphdef: Any, data: PreparedData, config: Config,
-                 partitioner: Partitioner | None = None) -> dict[str, float]:
-    """``evaluate_loss`` plus, with ``train.dev_bleu``, ``bleu``, ``chrf`` and ``bleu_sentences``."""
+                 partitioner: Partitioner | None = None,
+                 dev_bleu: DevBleu | None = None) -> dict[str, float]:
+    """``evaluate_loss`` plus, with ``train.dev_bleu``, what ``dev_bleu(params, graphdef,
+    partitioner)`` returns (``bleu``, ``chrf``, ``bleu_sentences``).
+
+    Raises:
+      ValueError: ``train.dev_bleu`` is on but no ``dev_bleu`` callable was given.
+    """
     dev = evaluate_loss(params, graphdef, data, config, partitioner)
     if config.train.dev_bleu:
-        scores = evaluate_bleu(params, graphdef, data, config, partitioner)
-        dev.update(bleu=scores.bleu, chrf=scores.chrf, bleu_sentences=scores.num_sentences)
-        log.debug("dev BLEU signature: %s", scores.bleu_signature)
+        if dev_bleu is None:
+            raise ValueError("train.dev_bleu=true needs a dev BLEU callable (seq2seq.run passes "
+                             "one); or set train.dev_bleu=false")
+        dev.update(dev_bleu(params, graphdef, partitioner))
     return dev
 
 
@@ -313,12 +257,16 @@ def _load_or_init(config: Config, checkpointer: Checkpointer, partitioner: Parti
     return graphdef, state, meta
 
 
-def fit(config: Config, data: PreparedData) -> FitResult:
+def fit(config: Config, data: PreparedData, *, dev_bleu: DevBleu | None = None,
+        actions: Sequence[Action] = ()) -> FitResult:
     """Run (or resume) the optimisation of ``config`` on ``data`` up to ``train.steps``.
 
     Every ``eval_every`` steps the dev split is scored (loss, accuracy, BLEU on a subset); a new
     best ``train.best_metric`` saves a checkpoint at once (kept besides the last
-    ``keep_checkpoints``); ``patience`` evaluations without improvement stop early.
+    ``keep_checkpoints``); ``patience`` evaluations without improvement stop early. Each of
+    these is an ``Action`` of ``default_actions``; ``actions`` adds more (run after the
+    checkpoint action, e.g. ``Action("histogram", 100, fn)``). ``dev_bleu`` scores dev BLEU
+    (needed when ``train.dev_bleu``; ``seq2seq.run.dev_bleu`` makes one).
 
     Returns:
       A FitResult; ``test_params`` are the parameters selected by ``train.test_checkpoint``.
@@ -349,108 +297,196 @@ def fit(config: Config, data: PreparedData) -> FitResult:
         log.info("model: %.2fM parameters; %d micro-batch(es) of %d rows x %d tokens per step",
                  n_params / 1e6, tcfg.grad_accum_steps, data.train.rows, data.train.max_len)
         state, stopped = _train_loop(config, data, graphdef, state, progress, checkpointer, writer,
-                                     partitioner)
+                                     dev_bleu, partitioner, actions)
         test_params, test_step = _test_params(config, checkpointer, state, progress.best,
                                               partitioner)
         return FitResult(graphdef, state, progress, stopped, int(n_params), checkpointer.all_steps(),
                          checkpointer.best_step(), test_params, test_step, partitioner)
 
 
+@dataclass
+class Loop:
+    """What the periodic actions read and change between steps (one per ``fit``).
+
+    Attributes:
+      state: the current TrainState (replaced by every step).
+      progress: step, data position, counters, dev metrics and best/patience bookkeeping.
+      pending: the metrics of the steps since the last ``log`` (device arrays).
+      window_start / window_real: start time and real tokens of that logging window.
+      new_best: the best-metric value if this step's evaluation improved it, else None
+        (a checkpoint saved at this step carries it, so orbax's best is our best).
+      stopped: set by an action to end the loop after this step: ``early_stopping``,
+        ``max_seconds`` or ``signal``.
+      signum: the signal agreed on by all processes (``stop``), or None.
+    """
+
+    config: Config
+    data: PreparedData
+    graphdef: Any
+    partitioner: Partitioner
+    checkpointer: Checkpointer
+    writer: MetricsWriter
+    dev_bleu: DevBleu | None
+    bar: Any
+    state: Any
+    progress: Progress
+    stop_flag: Any = None
+    pending: list = field(default_factory=list)
+    window_start: float = field(default_factory=time.perf_counter)
+    window_real: int = 0
+    new_best: float | None = None
+    stopped: str | None = None
+    signum: int | None = None
+
+    def save(self) -> None:
+        """Checkpoint the state at this step (with ``new_best`` as its metric)."""
+        p = self.progress
+        self.checkpointer.save(p.step, self.state, p.to_meta(self.data.train), metric=self.new_best)
+        p.last_saved = p.step
+
+
+@dataclass(frozen=True)
+class Action:
+    """A periodic action of the loop: ``run(loop)`` after every ``every``-th step, and after
+    the last step when ``at_end``. Actions run in their order in the list; one that sets
+    ``loop.stopped`` ends the loop after this step (the actions after it do not run)."""
+
+    name: str
+    every: int
+    run: Callable[[Loop], None]
+    at_end: bool = True
+
+    def due(self, step: int, last: bool) -> bool:
+        return step % self.every == 0 or (self.at_end and last)
+
+
+def log_train(loop: Loop) -> None:
+    """A ``train`` metrics record over the steps since the last one, and the progress bar."""
+    p, c = loop.progress, loop.config.train
+    row = _train_row(loop.pending, p.step, learning_rate_schedule(c), loop.window_real,
+                     time.perf_counter() - loop.window_start, loop.data.train, c.grad_accum_steps)
+    loop.writer.write(p.step, "train", row)
+    loop.bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['learning_rate']:.2e}",
+                         tok_s=f"{row['tokens_per_second']:.0f}",
+                         real=f"{row['real_token_share']:.0%}")
+    loop.pending, loop.window_start, loop.window_real = [], time.perf_counter(), 0
+
+
+def evaluate(loop: Loop) -> None:
+    """Dev loss/accuracy (and BLEU); a new best ``train.best_metric`` is checkpointed at once
+    when ``train.keep_best``."""
+    p, c = loop.progress, loop.config.train
+    t1 = time.perf_counter()
+    p.dev = evaluate_dev(loop.state.params, loop.graphdef, loop.data, loop.config,
+                         loop.partitioner, loop.dev_bleu)
+    p.eval_seconds += time.perf_counter() - t1
+    loop.window_start += time.perf_counter() - t1  # tokens/s counts training time only
+    improved = p.best.update(p.dev[c.best_metric], p.step, loss=p.dev["loss"])
+    loop.writer.write(p.step, "dev", {**p.dev, f"best_{c.best_metric}": p.best.value})
+    tqdm.write(_dev_line(p.step, p.dev, p.best, improved))
+    if improved:
+        loop.new_best = p.best.value
+        if c.keep_best:
+            loop.save()
+
+
+def checkpoint(loop: Loop) -> None:
+    """A checkpoint every ``train.checkpoint_every`` steps (unless this step has one)."""
+    if loop.progress.last_saved != loop.progress.step:
+        loop.save()
+
+
+def early_stopping(loop: Loop) -> None:
+    """Stop after ``train.patience`` evaluations without improvement."""
+    p, c = loop.progress, loop.config.train
+    if p.best.should_stop(c.patience):
+        loop.stopped = "early_stopping"
+        log.info("early stopping at step %d: dev %s has not improved for %d evaluations "
+                 "(best %.4g at step %s)", p.step, c.best_metric,
+                 p.best.evals_without_improvement, p.best.value, p.best.step)
+
+
+def stop_requested(loop: Loop) -> None:
+    """SIGINT/SIGTERM or ``train.max_seconds``, decided once for all processes: they must
+    stop after the same step and save together."""
+    p, c = loop.progress, loop.config.train
+    own = loop.stop_flag.signum
+    signum, out_of_time = agree_to_stop(own, bool(c.max_seconds) and p.train_seconds >= c.max_seconds)
+    if signum is not None:
+        if own is None:
+            log.warning("another process received %s: stopping at step %d and saving a "
+                        "checkpoint", signal.Signals(signum).name, p.step)
+        loop.stopped, loop.signum = "signal", signum
+    elif out_of_time:
+        loop.stopped = "max_seconds"
+        log.warning("stopping at step %d of %d: train.max_seconds=%s reached", p.step, c.steps,
+                    c.max_seconds)
+
+
+def default_actions(config: Config, extra: Sequence[Action] = ()) -> list[Action]:
+    """The loop's actions in order: log, evaluate, checkpoint, ``extra``, early stopping, the
+    stop check."""
+    t = config.train
+    return [Action("log", t.log_every, log_train), Action("evaluate", t.eval_every, evaluate),
+            Action("checkpoint", t.checkpoint_every, checkpoint), *extra,
+            Action("early_stopping", 1, early_stopping), Action("stop", 1, stop_requested)]
+
+
 def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, progress: Progress,
-                checkpointer: Checkpointer, writer: MetricsWriter,
-                partitioner: Partitioner) -> tuple[Any, str]:
-    """Steps, logging, evaluation, checkpoints and stopping rules; returns (state, why stopped)."""
+                checkpointer: Checkpointer, writer: MetricsWriter, dev_bleu: DevBleu | None,
+                partitioner: Partitioner, extra_actions: Sequence[Action] = ()) -> tuple[Any, str]:
+    """The driver: run steps and, after each, the actions that are due; returns (state, why
+    stopped)."""
     tcfg, p, accum = config.train, progress, config.train.grad_accum_steps
-    schedule = learning_rate_schedule(tcfg)
     # micro-batches [accum, rows, length]: rows (axis 1) are split over data × fsdp
     sharded_step = partitioner.jit_train_step(
         train_step, partitioner.shardings(abstract_train_state(config)[1]), row_axis=1,
         graphdef=graphdef,
         tx=make_optimizer(tcfg), bos_id=data.tokenizer.bos_id, label_smoothing=tcfg.label_smoothing)
-    pending: list[dict[str, jax.Array]] = []
-    window_start, window_real = time.perf_counter(), 0
-
-    def save(metric: float | None) -> None:
-        checkpointer.save(p.step, state, p.to_meta(data.train), metric=metric)
-        p.last_saved = p.step
-
-    stopped, new_best = "finished", None
+    actions = default_actions(config, extra_actions)
     bar = tqdm(total=tcfg.steps, initial=p.step, desc="train", unit="step", dynamic_ncols=True,
                mininterval=2.0, disable=not is_main_process())
+    loop = Loop(config, data, graphdef, partitioner, checkpointer, writer, dev_bleu, bar, state, p)
     with _StopFlag() as stop, contextlib.closing(bar):
+        loop.stop_flag = stop
         batch = train_batch(data.train, p.micro_batches, accum) if p.step < tcfg.steps else None
         while p.step < tcfg.steps:
             t0 = time.perf_counter()
             target = int((batch["tgt_segments"] > 0).sum())
             real = target + int((batch["src_segments"] > 0).sum())
-            state, m = sharded_step(state, partitioner.shard_batch(batch, row_axis=1))
+            loop.state, m = sharded_step(loop.state, partitioner.shard_batch(batch, row_axis=1))
             p.step, p.micro_batches = p.step + 1, p.micro_batches + accum
             if p.step < tcfg.steps:  # prepared on the host while the device computes
                 batch = train_batch(data.train, p.micro_batches, accum)
-            pending.append(m)
-            window_real += real
+            loop.pending.append(m)
+            loop.window_real += real
             p.tokens_seen += real
             p.target_tokens_seen += target
-            in_a_row = int(state.skipped)
+            in_a_row = int(loop.state.skipped)
             p.skipped_total += int(float(m["skipped"]))
             bar.update(1)
             if tcfg.max_skipped_steps and in_a_row >= tcfg.max_skipped_steps:
                 raise TrainingDiverged(_diverged_message(p, in_a_row, tcfg.max_skipped_steps), p.step)
-            if p.step % tcfg.log_every == 0 or p.step == tcfg.steps:
-                row = _train_row(pending, p.step, schedule, window_real,
-                                 time.perf_counter() - window_start, data.train, accum)
-                writer.write(p.step, "train", row)
-                bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['learning_rate']:.2e}",
-                                tok_s=f"{row['tokens_per_second']:.0f}",
-                                real=f"{row['real_token_share']:.0%}")
-                pending, window_start, window_real = [], time.perf_counter(), 0
             p.train_seconds += time.perf_counter() - t0
 
-            # only improving checkpoints carry a metric, so orbax's best is our best
-            new_best = None
-            if p.step % tcfg.eval_every == 0 or p.step == tcfg.steps:
-                t1 = time.perf_counter()
-                p.dev = evaluate_dev(state.params, graphdef, data, config, partitioner)
-                p.eval_seconds += time.perf_counter() - t1
-                window_start += time.perf_counter() - t1  # tokens/s counts training time only
-                improved = p.best.update(p.dev[tcfg.best_metric], p.step, loss=p.dev["loss"])
-                writer.write(p.step, "dev", {**p.dev, f"best_{tcfg.best_metric}": p.best.value})
-                tqdm.write(_dev_line(p.step, p.dev, p.best, improved))
-                if improved:
-                    new_best = p.best.value
-                    if tcfg.keep_best:
-                        save(new_best)
-            if (p.step % tcfg.checkpoint_every == 0 or p.step == tcfg.steps) and p.last_saved != p.step:
-                save(new_best)
-
-            if p.best.should_stop(tcfg.patience):
-                stopped = "early_stopping"
-                log.info("early stopping at step %d: dev %s has not improved for %d evaluations "
-                         "(best %.4g at step %s)", p.step, tcfg.best_metric,
-                         p.best.evals_without_improvement, p.best.value, p.best.step)
-                break
-            # one decision for all processes: they must stop after the same step and save together
-            signum, out_of_time = agree_to_stop(
-                stop.signum, bool(tcfg.max_seconds) and p.train_seconds >= tcfg.max_seconds)
-            if signum is not None:
-                if stop.signum is None:
-                    log.warning("another process received %s: stopping at step %d and saving a "
-                                "checkpoint", signal.Signals(signum).name, p.step)
-                break
-            if out_of_time:
-                stopped = "max_seconds"
-                log.warning("stopping at step %d of %d: train.max_seconds=%s reached", p.step,
-                            tcfg.steps, tcfg.max_seconds)
+            loop.new_best = None
+            last = p.step == tcfg.steps
+            for action in actions:
+                if action.due(p.step, last):
+                    action.run(loop)
+                    if loop.stopped:
+                        break
+            if loop.stopped:
                 break
         if p.last_saved != p.step:
-            save(new_best)
+            loop.save()
         checkpointer.wait()
         # agreed again: a signal may also have come during the last step or the final save, or
         # together with early stopping; every process must raise (or not) alike
         signum, _ = agree_to_stop(stop.signum, False)
         if signum is not None:
             raise Interrupted(p.step, signum)
-    return state, stopped
+    return loop.state, loop.stopped if loop.stopped in ("early_stopping", "max_seconds") else "finished"
 
 
 def _diverged_message(p: Progress, in_a_row: int, limit: int) -> str:
@@ -497,99 +533,3 @@ def _test_params(config: Config, checkpointer: Checkpointer, state: Any, best: B
     restored, _ = checkpointer.restore(partitioner.abstract(abstract), want)
     log.info("testing the best checkpoint (step %d, dev %s %.4g)", want, best.metric, best.value)
     return restored.params, want
-
-
-def _translate_and_score(translator: Translator, sources: list[str], references: list[str],
-                         out_path: Path | None = None) -> tuple[evaluation.Scores, list[str]]:
-    hyps = [h[0].text for h in translator.translate(sources, progress=True)]
-    if out_path is not None:
-        out_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    return evaluation.score(hyps, references), hyps
-
-
-def prepare_run(config: Config) -> tuple[Config, PreparedData]:
-    """Check the config, create the workdir, prepare the data and write ``config.yaml``.
-
-    Returns:
-      The config with ``model.vocab_size`` filled in from the tokenizer, and the data.
-
-    Raises:
-      ConfigError / MeshError: invalid settings (``check_run_config``), before any work.
-      ValueError: ``model.vocab_size`` disagrees with the tokenizer (and data errors, see
-        ``seq2seq.data.pipeline.prepare``).
-    """
-    initialize_distributed(config.distributed)  # no-op for a single process; before devices
-    check_run_config(config)
-    workdir = Path(config.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    with main_process_first("prepare"):  # the tokenizer is trained once, then loaded
-        data = prepare(config, workdir)
-    config = fill_vocab_sizes(config, data.tokenizer)
-    if is_main_process():  # only process 0 writes files other than checkpoints
-        save_config(config, config_path(workdir))
-    return config, data
-
-
-def train(config: Config) -> dict[str, Any]:
-    """Train (or resume) the run described by ``config``, then evaluate on the test split.
-
-    Writes ``test.hyp``, ``test.json`` (the summary below) and ``summary.md`` to the workdir.
-
-    Returns:
-      A summary dict: ``status`` (``finished``, ``early_stopping`` or ``max_seconds``),
-      ``step``, last ``dev`` metrics, ``best`` (metric, value, step, dev loss),
-      ``best_checkpoint``, ``test_step`` (checkpoint decoded), ``test_bleu``/``test_chrf`` with signatures,
-      ``tokens_seen`` (real source+target tokens), ``train_seconds`` (all runs), this run's
-      ``wall_seconds``, ``checkpoints``, ``examples``.
-
-    Raises:
-      Interrupted: SIGINT/SIGTERM arrived; a checkpoint of the last finished step was saved.
-      TrainingDiverged: too many non-finite steps in a row.
-      DataError / TokenizerError / ConfigError: bad input (messages name the culprit).
-      CheckpointError: the existing checkpoint does not match the configured model.
-    """
-    wall_start = time.perf_counter()
-    config, data = prepare_run(config)
-    workdir = Path(config.workdir)
-    try:
-        result = fit(config, data)
-    except (Interrupted, TrainingDiverged) as e:
-        status = "interrupted" if isinstance(e, Interrupted) else "diverged"
-        if is_main_process():
-            write_summary_md(workdir, config, {"status": status, "message": str(e), "step": e.step,
-                                               "wall_seconds": time.perf_counter() - wall_start})
-        raise
-
-    translator = Translator(result.graphdef, result.test_params, data.tokenizer, config.decode,
-                            max_src_len=decode_source_limit(config), partitioner=result.partitioner)
-    sources, refs = data.test_text.sources, data.test_text.targets
-    if config.decode.test_limit:
-        sources, refs = sources[: config.decode.test_limit], refs[: config.decode.test_limit]
-    main = is_main_process()
-    t0 = time.perf_counter()
-    scores, hyps = _translate_and_score(translator, sources, refs,
-                                        workdir / "test.hyp" if main else None)
-    decode_seconds = time.perf_counter() - t0
-    step = int(result.state.step)
-    writer = MetricsWriter(workdir, enabled=main)
-    writer.write(step, "test", {"bleu": scores.bleu, "chrf": scores.chrf, "checkpoint": result.test_step})
-    writer.close()
-    p = result.progress
-    summary = {
-        "status": result.stopped, "step": step, "dev": p.dev,
-        "best": result.best.to_json(), "best_checkpoint": result.best_checkpoint,
-        "test_step": result.test_step, "test_bleu": scores.bleu, "test_chrf": scores.chrf,
-        "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
-        "test_sentences": scores.num_sentences, "tokens_seen": p.tokens_seen,
-        "target_tokens_seen": p.target_tokens_seen, "skipped_steps": p.skipped_total,
-        "train_seconds": p.train_seconds, "eval_seconds": p.eval_seconds,
-        "decode_seconds": decode_seconds, "wall_seconds": time.perf_counter() - wall_start,
-        "parameters": result.parameters, "checkpoints": result.checkpoints, "data": data.stats,
-        "examples": [{"source": s, "reference": r, "hypothesis": h}
-                     for s, r, h in list(zip(sources, refs, hyps))[:5]],
-    }
-    if main:
-        (workdir / "test.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False),
-                                           encoding="utf-8")
-        write_summary_md(workdir, config, summary)
-    return summary

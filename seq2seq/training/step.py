@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from seq2seq.config import TrainConfig
+from seq2seq.config import Config, TrainConfig
+from seq2seq.model import build_model
 
 Metrics = dict[str, jax.Array]
 
@@ -92,6 +93,23 @@ def create_train_state(model: nnx.Module, tx: optax.GradientTransformation, seed
                        rng=jax.random.key_data(jax.random.key(seed)),
                        skipped=jnp.zeros((), jnp.int32))
     return graphdef, state
+
+
+def abstract_train_state(config: Config) -> tuple[nnx.GraphDef, TrainState]:
+    """``(graphdef, TrainState of jax.ShapeDtypeStruct)`` for ``config``, allocating nothing.
+
+    The target structure for a checkpoint restore and for the mesh's shardings.
+    """
+    holder = {}
+
+    def init():
+        model = build_model(config.model, config.train.seed)
+        graphdef, state = create_train_state(model, make_optimizer(config.train), config.train.seed)
+        holder["graphdef"] = graphdef
+        return state
+
+    state = jax.eval_shape(init)
+    return holder["graphdef"], state
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,

@@ -1,0 +1,197 @@
+"""The application: one training run from a config, from data preparation to its report.
+
+``train`` is what ``seq2seq-train`` runs: check every setting before any work
+(``check_run_config``), prepare the data and tokenizers (``prepare_run``), train or resume with
+dev BLEU passed in as a callable (``seq2seq.training.loop.fit``), decode and score the test
+split, and write ``test.hyp``, ``test.json`` and ``summary.md`` (``seq2seq.summary``). The
+layers below never import this module: training knows steps and checkpoints, translation
+knows decoding, and this module wires them into a run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from seq2seq import evaluation
+from seq2seq.config import Config, ConfigError, replace, save_config
+from seq2seq.data.pipeline import (PreparedData, check_vocabularies, decode_source_limit,
+                                   fill_vocab_sizes, prepare)
+from seq2seq.data.sources import FORMATS
+from seq2seq.sharding import (Partitioner, initialize_distributed, is_main_process,
+                              main_process_first)
+from seq2seq.summary import write_summary_md
+from seq2seq.training.loop import (DevBleu, Interrupted, TrainingDiverged, check_train_config,
+                                   fit)
+from seq2seq.training.metrics import MetricsWriter
+from seq2seq.training.step import abstract_train_state
+from seq2seq.translation import Translator, check_decode_config
+from seq2seq.workdir import config_path
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Interrupted", "TrainingDiverged", "check_run_config", "dev_bleu", "prepare_run",
+           "train"]
+
+
+def check_run_config(config: Config) -> Partitioner:
+    """Every check that needs no data, run before any work starts (no file read or written).
+
+    ``train`` (``check_train_config``), ``decode`` (``check_decode_config``), tokenizer and
+    vocabulary settings (``check_vocabularies``), the data formats and batch arithmetic, the
+    model (built abstractly, nothing allocated, so shape errors surface here and not after
+    training the tokenizer) and the mesh (its sizes, whole heads and FFN units per ``tensor``
+    shard, batch rows divisible by ``data × fsdp``).
+
+    Returns:
+      The run's ``Partitioner``.
+
+    Raises:
+      ConfigError / MeshError / ValueError: the message names the key and value at fault.
+    """
+    check_train_config(config)
+    check_decode_config(config.decode)
+    check_vocabularies(config)
+    d, m = config.data, config.model
+    for split in ("train", "dev", "test"):
+        fmt = getattr(d, split).format
+        if fmt not in FORMATS:
+            raise ConfigError(f"data.{split}.format must be one of {', '.join(FORMATS)}; "
+                              f"got {fmt!r}")
+    if d.max_len < 2:
+        raise ConfigError(f"data.max_len must be >= 2 (a token and EOS), got {d.max_len}")
+    if d.max_tokens < d.max_len:
+        raise ConfigError(f"data.max_tokens={d.max_tokens} is less than one row of "
+                          f"data.max_len={d.max_len} tokens")
+    if m.positions == "learned" and m.max_len < d.max_len:
+        raise ConfigError(f"model.positions=learned has a table of model.max_len={m.max_len} "
+                          f"positions, fewer than data.max_len={d.max_len}: raise model.max_len")
+    if m.d_model % m.num_heads:
+        raise ConfigError(f"model.d_model={m.d_model} is not divisible by "
+                          f"model.num_heads={m.num_heads}")
+    vocab = m.vocab_size or config.tokenizer.vocab_size
+    abstract_train_state(replace(config, **{"model.vocab_size": vocab,
+                                            "model.src_vocab_size": m.src_vocab_size or vocab}))
+    partitioner = Partitioner.from_config(config)
+    partitioner.process_rows(max(1, d.max_tokens // d.max_len))  # rows split over data × fsdp
+    return partitioner
+
+
+def dev_bleu(data: PreparedData, config: Config) -> DevBleu:
+    """The dev-BLEU callable ``fit`` calls at each evaluation: sacreBLEU BLEU/chrF of the first
+    ``train.bleu_subset`` dev sentences (0 = all), decoded by ``Translator`` with beam
+    ``train.bleu_beam_size`` (1 = greedy, 0 = ``decode.beam_size``) and the rest of the
+    ``decode`` settings, on the run's mesh. Returns ``bleu``, ``chrf`` and ``bleu_sentences``.
+    """
+    t = config.train
+    n = t.bleu_subset or len(data.dev_text.sources)
+    sources, refs = data.dev_text.sources[:n], data.dev_text.targets[:n]
+    decode = replace(config.decode, beam_size=t.bleu_beam_size or config.decode.beam_size)
+
+    def score(params: Any, graphdef: Any, partitioner: Partitioner | None) -> dict[str, float]:
+        translator = Translator(graphdef, params, data.tokenizer, decode,
+                                max_src_len=decode_source_limit(config), partitioner=partitioner)
+        scores = evaluation.score([h[0].text for h in translator.translate(sources)], refs)
+        log.debug("dev BLEU signature: %s", scores.bleu_signature)
+        return {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_sentences": scores.num_sentences}
+
+    return score
+
+
+def _translate_and_score(translator: Translator, sources: list[str], references: list[str],
+                         out_path: Path | None = None) -> tuple[evaluation.Scores, list[str]]:
+    hyps = [h[0].text for h in translator.translate(sources, progress=True)]
+    if out_path is not None:
+        out_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    return evaluation.score(hyps, references), hyps
+
+
+def prepare_run(config: Config) -> tuple[Config, PreparedData]:
+    """Check the config, create the workdir, prepare the data and write ``config.yaml``.
+
+    Returns:
+      The config with ``model.vocab_size`` filled in from the tokenizer, and the data.
+
+    Raises:
+      ConfigError / MeshError: invalid settings (``check_run_config``), before any work.
+      ValueError: ``model.vocab_size`` disagrees with the tokenizer (and data errors, see
+        ``seq2seq.data.pipeline.prepare``).
+    """
+    initialize_distributed(config.distributed)  # no-op for a single process; before devices
+    check_run_config(config)
+    workdir = Path(config.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    with main_process_first("prepare"):  # the tokenizer is trained once, then loaded
+        data = prepare(config, workdir)
+    config = fill_vocab_sizes(config, data.tokenizer)
+    if is_main_process():  # only process 0 writes files other than checkpoints
+        save_config(config, config_path(workdir))
+    return config, data
+
+
+def train(config: Config) -> dict[str, Any]:
+    """Train (or resume) the run described by ``config``, then evaluate on the test split.
+
+    Writes ``test.hyp``, ``test.json`` (the summary below) and ``summary.md`` to the workdir.
+
+    Returns:
+      A summary dict: ``status`` (``finished``, ``early_stopping`` or ``max_seconds``),
+      ``step``, last ``dev`` metrics, ``best`` (metric, value, step, dev loss),
+      ``best_checkpoint``, ``test_step`` (checkpoint decoded), ``test_bleu``/``test_chrf`` with signatures,
+      ``tokens_seen`` (real source+target tokens), ``train_seconds`` (all runs), this run's
+      ``wall_seconds``, ``checkpoints``, ``examples``.
+
+    Raises:
+      Interrupted: SIGINT/SIGTERM arrived; a checkpoint of the last finished step was saved.
+      TrainingDiverged: too many non-finite steps in a row.
+      DataError / TokenizerError / ConfigError: bad input (messages name the culprit).
+      CheckpointError: the existing checkpoint does not match the configured model.
+    """
+    wall_start = time.perf_counter()
+    config, data = prepare_run(config)
+    workdir = Path(config.workdir)
+    try:
+        result = fit(config, data, dev_bleu=dev_bleu(data, config))
+    except (Interrupted, TrainingDiverged) as e:
+        status = "interrupted" if isinstance(e, Interrupted) else "diverged"
+        if is_main_process():
+            write_summary_md(workdir, config, {"status": status, "message": str(e), "step": e.step,
+                                               "wall_seconds": time.perf_counter() - wall_start})
+        raise
+
+    translator = Translator(result.graphdef, result.test_params, data.tokenizer, config.decode,
+                            max_src_len=decode_source_limit(config), partitioner=result.partitioner)
+    sources, refs = data.test_text.sources, data.test_text.targets
+    if config.decode.test_limit:
+        sources, refs = sources[: config.decode.test_limit], refs[: config.decode.test_limit]
+    main = is_main_process()
+    t0 = time.perf_counter()
+    scores, hyps = _translate_and_score(translator, sources, refs,
+                                        workdir / "test.hyp" if main else None)
+    decode_seconds = time.perf_counter() - t0
+    step = int(result.state.step)
+    writer = MetricsWriter(workdir, enabled=main)
+    writer.write(step, "test", {"bleu": scores.bleu, "chrf": scores.chrf, "checkpoint": result.test_step})
+    writer.close()
+    p = result.progress
+    summary = {
+        "status": result.stopped, "step": step, "dev": p.dev,
+        "best": result.best.to_json(), "best_checkpoint": result.best_checkpoint,
+        "test_step": result.test_step, "test_bleu": scores.bleu, "test_chrf": scores.chrf,
+        "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
+        "test_sentences": scores.num_sentences, "tokens_seen": p.tokens_seen,
+        "target_tokens_seen": p.target_tokens_seen, "skipped_steps": p.skipped_total,
+        "train_seconds": p.train_seconds, "eval_seconds": p.eval_seconds,
+        "decode_seconds": decode_seconds, "wall_seconds": time.perf_counter() - wall_start,
+        "parameters": result.parameters, "checkpoints": result.checkpoints, "data": data.stats,
+        "examples": [{"source": s, "reference": r, "hypothesis": h}
+                     for s, r, h in list(zip(sources, refs, hyps))[:5]],
+    }
+    if main:
+        (workdir / "test.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False),
+                                           encoding="utf-8")
+        write_summary_md(workdir, config, summary)
+    return summary

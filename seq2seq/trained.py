@@ -1,0 +1,139 @@
+"""Tools on trained run directories: load a run for translation, average checkpoints.
+
+Both read a run written by ``seq2seq-train`` (the layout in ``seq2seq.workdir``) and are called
+by the command line (``seq2seq-translate``, ``seq2seq-evaluate``, ``seq2seq-average``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from seq2seq.config import Config, load_config, replace, save_config
+from seq2seq.data.tokenizer import TokenizerPair, load_pair, model_names
+from seq2seq.training.checkpoints import Checkpointer, CheckpointError
+from seq2seq.training.step import abstract_train_state
+from seq2seq.workdir import checkpoint_dir, checkpoint_steps, config_path
+
+
+def load_trained(workdir: str | Path, step: int | None = None) -> tuple[Config, TokenizerPair, Any, Any]:
+    """Load a run's config, tokenizer and parameters for translation/evaluation.
+
+    Args:
+      workdir: a run directory written by training.
+      step: checkpoint step (default: the latest).
+
+    Returns:
+      ``(config, tokenizer, graphdef, params)``.
+
+    Raises:
+      FileNotFoundError: the directory has no config.yaml or no tokenizer.
+      CheckpointError: no checkpoint, or it does not match the configured model.
+    """
+    workdir = Path(workdir)
+    if not config_path(workdir).is_file():
+        raise FileNotFoundError(f"{workdir} is not a run directory (no config.yaml)")
+    config = load_config(config_path(workdir))
+    tokenizer = load_pair(config.tokenizer, workdir, src_lang=config.data.src_lang,
+                          tgt_lang=config.data.tgt_lang)
+    graphdef, abstract_state = abstract_train_state(config)
+    checkpointer = Checkpointer(checkpoint_dir(workdir), async_save=False)
+    try:
+        step = checkpointer.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"no checkpoint in {checkpoint_dir(workdir)}")
+        state, _ = checkpointer.restore(abstract_state, step)
+    finally:
+        checkpointer.close()
+    return config, tokenizer, graphdef, state.params
+
+
+def average_checkpoints(workdir: str | Path, output: str | Path, *, steps: Sequence[int] | None = None,
+                        last: int | None = None, overwrite: bool = False) -> tuple[Path, list[int]]:
+    """Average the parameters of several checkpoints into a new run directory.
+
+    The mean is taken elementwise in float64 and stored in the parameters' dtype. ``output``
+    gets the run's config (``workdir`` pointing at ``output``), tokenizer and one checkpoint
+    named after the newest averaged step, whose optimizer state, RNG and step are those of the
+    newest averaged checkpoint; its metadata records ``averaged_from``. ``seq2seq-translate``
+    and ``seq2seq-evaluate`` read it with ``--workdir output``.
+
+    Args:
+      workdir: a run directory written by training.
+      output: the new run directory.
+      steps: the checkpoints to average; or
+      last: average the newest ``last`` checkpoints.
+      overwrite: replace checkpoints already in ``output``.
+
+    Returns:
+      ``(output, steps averaged)``.
+
+    Raises:
+      ValueError: neither or both of ``steps``/``last``, fewer than 1 step, a step that is not
+        a checkpoint of ``workdir``, or ``output`` is ``workdir``.
+      FileNotFoundError: ``workdir`` is not a run directory.
+      FileExistsError: ``output`` already holds checkpoints and ``overwrite`` is False.
+      CheckpointError: a checkpoint does not match the run's model.
+    """
+    workdir, output = Path(workdir), Path(output)
+    if not config_path(workdir).is_file():
+        raise FileNotFoundError(f"{workdir} is not a run directory (no config.yaml)")
+    if output.resolve() == workdir.resolve():
+        raise ValueError("the output must be a new directory, not the run directory itself")
+    if (steps is None) == (last is None):
+        raise ValueError("give either the steps to average or how many of the last ones")
+    available = checkpoint_steps(workdir)
+    if last is not None:
+        if last < 1:
+            raise ValueError(f"--last must be >= 1, got {last}")
+        if last > len(available):
+            raise ValueError(f"asked for the last {last} checkpoints but {checkpoint_dir(workdir)} "
+                             f"has {len(available)}: {available}")
+        steps = available[-last:]
+    steps = sorted(set(int(s) for s in steps))
+    missing = [s for s in steps if s not in available]
+    if not steps or missing:
+        raise ValueError(f"no checkpoint of step(s) {missing} in {checkpoint_dir(workdir)}; "
+                         f"available: {available}")
+    if checkpoint_steps(output) and not overwrite:
+        raise FileExistsError(f"{output} already holds checkpoints; choose another output or overwrite")
+
+    config = load_config(config_path(workdir))
+    _, abstract = abstract_train_state(config)
+    source = Checkpointer(checkpoint_dir(workdir), keep=None, async_save=False)
+    try:
+        total, newest, meta = None, None, {}
+        for s in steps:
+            state, meta = source.restore(abstract, s)
+            params = jax.tree.map(lambda x: np.asarray(x, np.float64), state.params)
+            total = params if total is None else jax.tree.map(np.add, total, params)
+            newest = state
+    finally:
+        source.close()
+    mean = jax.tree.map(lambda t, p: (t / len(steps)).astype(p.dtype), total, newest.params)
+    averaged = newest.replace(params=jax.tree.map(jax.numpy.asarray, mean))
+
+    output.mkdir(parents=True, exist_ok=True)
+    if overwrite and checkpoint_dir(output).exists():
+        shutil.rmtree(checkpoint_dir(output))
+    save_config(replace(config, workdir=str(output)), config_path(output))
+    for stem in dict.fromkeys(model_names(config.tokenizer, config.data.src_lang,
+                                          config.data.tgt_lang)):  # joint: one; else one per side
+        for name in (f"{stem}.model", f"{stem}.json"):
+            if (workdir / name).is_file():
+                shutil.copy2(workdir / name, output / name)
+    target = Checkpointer(checkpoint_dir(output), keep=None, async_save=False)
+    try:
+        target.save(steps[-1], averaged, {**meta, "averaged_from": steps, "source": str(workdir)})
+    finally:
+        target.close()
+    (output / "summary.md").write_text(
+        f"# Checkpoint average\n\nParameters: elementwise mean of checkpoints {steps} of "
+        f"`{workdir}` (optimizer state, RNG and step from checkpoint {steps[-1]}).\n\n"
+        f"Use it with `seq2seq-translate --workdir {output}` or "
+        f"`seq2seq-evaluate --workdir {output}`.\n", encoding="utf-8")
+    return output, steps
