@@ -1171,7 +1171,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.result["meta"]["seconds"] = time.perf_counter() - start
         bench.result["meta"]["peak_rss_bytes"] = peak_rss()
         bench.result["meta"]["device_memory"] = device_memory()
-        say("\n== README rows (Benchmarks section) ==\n" + readme_rows(bench.result))
+        say("\n== rows of docs/benchmarks.md ==\n" + readme_rows(bench.result))
         if args.out:
             Path(args.out).write_text(json.dumps(_jsonable(bench.result), indent=1) + "\n")
             say(f"\nwrote {args.out}")
@@ -1182,7 +1182,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def readme_rows(r: dict[str, Any]) -> str:
-    """The figures of ``r`` as rows of the README's Benchmarks tables (sections that ran)."""
+    """The figures of ``r`` as rows of the tables in ``docs/benchmarks.md`` (sections that ran)."""
     def num(x, digits=3):
         return "—" if x is None else f"{x:,.{digits}g}" if abs(x) < 10 ** digits else f"{x:,.0f}"
 

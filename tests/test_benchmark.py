@@ -1,6 +1,6 @@
 """scripts/benchmark.py runs end to end on tiny shapes (``--smoke``) and emits every field.
 
-Speed and memory goals are not asserted here (they live in the README's table and issue #8);
+Speed and memory goals are not asserted here (they live in docs/benchmarks.md and issue #8);
 this only checks that the script works and that its JSON has the documented layout.
 """
 
