@@ -4,7 +4,6 @@ parallelism when a run's mesh does not fit this machine."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
