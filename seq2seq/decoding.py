@@ -1,8 +1,12 @@
 """Beam search, greedy search and sampling with a KV cache, each in one ``lax.while_loop``.
 
-Beams (or samples) are folded into the batch dimension (``[batch·beam, ...]``); the encoder runs
+The search owns its hypotheses. The model (``SearchModel``: ``encode``, ``init_cache``,
+``decode_step``) only keeps a typed KV cache of slots per row and attends where it is told; how
+the hypotheses of a sentence share that cache is decided here (``BeamCache``): the ``k``
+hypotheses of a sentence are the ``k`` queries of one cache row of ``max_len·k`` slots, and
+reordering them gathers a small ancestry table, never the keys and values. The encoder runs
 once per sentence and the cross-attention keys/values are computed once per sentence, not per
-beam, and so is beam search's first step (every beam starts from BOS).
+hypothesis, and so is beam search's first step (every beam starts from BOS).
 
 Rules shared by every search (documented because toolkits differ here):
 
@@ -39,12 +43,14 @@ do not depend on its batch neighbours, its position in the batch or the device l
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
+
+from seq2seq import kernels
 
 NEG_INF = -1.0e9
 LENGTH_PENALTIES = ("gnmt", "plain", "none")
@@ -67,6 +73,102 @@ class BeamResult(NamedTuple):
     lengths: jax.Array
     logprobs: jax.Array
     scores: jax.Array
+
+
+class SearchModel(Protocol):
+    """What the searches need of a model (``seq2seq.model.Transformer`` is one).
+
+    ``init_cache`` returns a pytree (``DecoderCache``) holding ``slots`` self-attention
+    key/value slots per row; ``decode_step`` runs ``q`` queries per row at one decoder
+    position, writes their keys/values into slots ``write .. write+q-1`` and lets each query
+    attend to the slots ``mask`` (bool ``[rows, q, slots]``) allows.
+    """
+
+    def encode(self, src: jax.Array, src_segments: jax.Array,
+               src_positions: jax.Array) -> jax.Array: ...
+
+    def init_cache(self, encoded: jax.Array, src_segments: jax.Array, *, max_len: int,
+                   slots: int) -> Any: ...
+
+    def decode_step(self, tokens: jax.Array, position: jax.Array, cache: Any, *,
+                    write: jax.Array, mask: jax.Array) -> tuple[jax.Array, Any]: ...
+
+
+@struct.dataclass
+class BeamCache:
+    """The ``k`` hypotheses of every sentence sharing one model cache row of ``max_len·k`` slots.
+
+    Slot ``t·k + j`` holds hypothesis j's key/value at position t: at each step hypothesis j
+    writes its own slot and reads, at every earlier position t, the slot of the hypothesis it
+    descends from, ``ancestors[b, j, t]``. Reordering hypotheses (``reorder_beams``) gathers
+    only this table, never the keys and values of every layer (the copy beam search usually
+    makes at every step).
+
+    Attributes:
+      model: the model's cache (``SearchModel.init_cache``), ``batch`` rows of ``max_len·k``
+        slots.
+      ancestors: int32 ``[batch, k, max_len]``; zeros at the start (every hypothesis starts
+        from hypothesis 0's first position).
+    """
+
+    model: Any
+    ancestors: jax.Array
+
+
+def init_beams(model: SearchModel, encoded: jax.Array, src_segments: jax.Array, k: int,
+               max_len: int) -> BeamCache:
+    """An empty ``BeamCache`` for ``k`` hypotheses of ``max_len`` positions per sentence.
+
+    Args:
+      encoded: ``[batch, src_len, d_model]`` encoder output; src_segments: int32
+        ``[batch, src_len]``.
+
+    Raises:
+      ValueError: from the model (e.g. ``learned`` positions and max_len > ``model.max_len``).
+    """
+    cache = model.init_cache(encoded, src_segments, max_len=max_len, slots=max_len * k)
+    return BeamCache(model=cache, ancestors=jnp.zeros((encoded.shape[0], k, max_len), jnp.int32))
+
+
+def decode_beams(model: SearchModel, tokens: jax.Array, index: jax.Array, cache: BeamCache
+                 ) -> tuple[jax.Array, BeamCache]:
+    """One decoding step of the first ``q ≤ k`` hypotheses of every sentence.
+
+    Args:
+      tokens: int32 ``[batch, q]``, the tokens at position ``index`` (BOS at 0); beam search
+        runs step 0 with q = 1.
+      index: int32 scalar position.
+      cache: from ``init_beams`` or a previous step.
+
+    Returns:
+      float32 logits ``[batch, q, vocab]`` and the cache in which hypothesis j < q has written
+      slot ``index·k + j``.
+    """
+    batch, q = tokens.shape
+    _, k, max_len = cache.ancestors.shape
+    hyp = jnp.arange(k, dtype=jnp.int32)
+    positions = jnp.arange(max_len)
+    own = (positions == index)[None, None, :] & (hyp < q)[None, :, None]
+    ancestors = jnp.where(own, hyp[None, :, None], cache.ancestors)  # [batch, k, max_len]
+    # query j reads slot t·k + ancestors[j, t] for t ≤ index
+    mask = (ancestors[:, :q, :, None] == hyp) & (positions <= index)[:, None]  # [b, q, L, k]
+    logits, model_cache = model.decode_step(tokens, index, cache.model, write=index * k,
+                                            mask=mask.reshape(batch, q, max_len * k))
+    return logits, BeamCache(model=model_cache, ancestors=ancestors)
+
+
+def reorder_beams(cache: BeamCache, parents: jax.Array) -> BeamCache:
+    """The cache after hypothesis j of every sentence has become a copy of ``parents[:, j]``.
+
+    Args:
+      cache: from ``init_beams``/``decode_beams``.
+      parents: int32 ``[batch, k]``, each in ``[0, k)``.
+
+    Returns:
+      the cache with ``ancestors[b, j] = old ancestors[b, parents[b, j]]`` (the model's keys
+      and values are untouched).
+    """
+    return cache.replace(ancestors=_gather_beams(cache.ancestors, parents))
 
 
 def length_penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.Array:
@@ -205,8 +307,8 @@ def top_k_by_chunks(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     maxima hold the k largest entries (each top entry lies in a chunk whose maximum is at least
     as large), so one top-k over the chunk maxima and one over those k chunks give the answer.
     Chunks are taken in index order and the chunk top-k prefers lower chunks, so ties resolve
-    to the lower index, as in ``top_k``. On CPU this is ~4× faster than ``top_k`` over a
-    vocabulary of 8,000 (0.4 against 1.6 ms for 128 rows).
+    to the lower index, as in ``top_k``. It exists because XLA:CPU's ``top_k`` over a whole
+    vocabulary is slow; ``seq2seq.kernels`` selects it (``cpu``) or ``top_k`` (``reference``).
 
     Args:
       x: float ``[rows, n]``; entries must not be NaN.
@@ -236,8 +338,9 @@ def _top_continuations(logits: jax.Array, banned: jax.Array, alive_logp: jax.Arr
     """The ``n`` best continuations ``alive_logp + log p(token)`` of every sentence.
 
     Equal to ``top_k`` over all ``beam·vocab`` candidates, done in two stages: each beam's
-    ``n`` best tokens by logit (``top_k_by_chunks``; log-softmax is a per-row shift, so the
-    order is the same), then the best ``n`` of those ``beam·n``. Equal scores keep
+    ``n`` best tokens by logit (``top_k_by_chunks`` or ``top_k``, as ``seq2seq.kernels``
+    says; log-softmax is a per-row shift, so the order is the same), then the best ``n`` of
+    those ``beam·n``. Equal scores keep
     ``top_k``'s order (lower beam, then lower token first); the one difference is two distinct
     logits that round to the same log-probability, which keep their logit order.
     Log-probabilities are computed only for the kept tokens.
@@ -257,7 +360,8 @@ def _top_continuations(logits: jax.Array, banned: jax.Array, alive_logp: jax.Arr
     log_z = jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1, keepdims=True))
     per_beam = min(n, vocab)
     masked = jnp.where(banned[:, None, :], NEG_INF, logits).reshape(batch * beam, vocab)
-    top_logit, tok = top_k_by_chunks(masked, per_beam)
+    top_k = top_k_by_chunks if kernels.cpu() else jax.lax.top_k
+    top_logit, tok = top_k(masked, per_beam)
     top_logit = top_logit.reshape(batch, beam, per_beam)
     tok = tok.reshape(batch, beam, per_beam)
     is_banned = jnp.take_along_axis(banned[:, None, :], tok, axis=-1)
@@ -268,13 +372,42 @@ def _top_continuations(logits: jax.Array, banned: jax.Array, alive_logp: jax.Arr
     return top_logp, src_beam, jnp.take_along_axis(tok.reshape(batch, -1), idx, axis=1)
 
 
-def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_lengths: jax.Array,
-                *, beam_size: int, max_len: int, alpha: float, bos_id: int, eos_id: int,
-                pad_id: int, length_penalty_kind: str = "gnmt", min_length: int = 0) -> BeamResult:
+@struct.dataclass
+class BeamState:
+    """The loop state of ``beam_search`` (after the step at position ``i - 1``).
+
+    Attributes:
+      i: int32 scalar, the position decoded next.
+      last: int32 ``[batch, k]``, each live hypothesis's token at position ``i - 1``.
+      alive_seq: int32 ``[batch, k, max_len]``, the live hypotheses (tokens before ``i``).
+      alive_logp: float32 ``[batch, k]``, their log-probabilities, descending (``NEG_INF``:
+        no hypothesis).
+      fin_seq: int32 ``[batch, k, max_len]``, the best finished hypotheses so far.
+      fin_logp: float32 ``[batch, k]``, their log-probabilities.
+      fin_score: float32 ``[batch, k]``, their scores, descending (``NEG_INF``: empty).
+      fin_len: int32 ``[batch, k]``, their lengths |Y| (0: empty).
+      cache: the ``BeamCache`` after position ``i - 1``, ordered like ``alive_*``.
+    """
+
+    i: jax.Array
+    last: jax.Array
+    alive_seq: jax.Array
+    alive_logp: jax.Array
+    fin_seq: jax.Array
+    fin_logp: jax.Array
+    fin_score: jax.Array
+    fin_len: jax.Array
+    cache: BeamCache
+
+
+def beam_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
+                max_lengths: jax.Array, *, beam_size: int, max_len: int, alpha: float,
+                bos_id: int, eos_id: int, pad_id: int, length_penalty_kind: str = "gnmt",
+                min_length: int = 0) -> BeamResult:
     """Beam search (rules in the module docstring); call it inside ``jax.jit``.
 
     Args:
-      model: a ``Transformer`` (``encode``, ``init_cache``, ``decode_step``, ``reorder_cache``).
+      model: a ``SearchModel`` (``seq2seq.model.Transformer``).
       src: int32 ``[batch, src_len]`` source ids (ending in EOS, padded with PAD).
       src_segments: int32 ``[batch, src_len]``, 1 for real tokens, 0 for padding.
       max_lengths: int32 ``[batch]`` limit on |Y| (EOS included) per sentence; clipped to
@@ -298,79 +431,102 @@ def beam_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_
     _check_search(max_len, min_length, alpha, length_penalty_kind)
     batch, k = src.shape[0], beam_size
     encoded = model.encode(src, src_segments, _positions(src_segments))
-    max_lengths = jnp.clip(max_lengths, 1, max_len).astype(jnp.int32)
-    lp_max = length_penalty(max_lengths, alpha, length_penalty_kind)
+    max_lengths = jnp.clip(max_lengths, 1, max_len).astype(jnp.int32)  # [batch]
+    lp_max = length_penalty(max_lengths, alpha, length_penalty_kind)  # [batch]
 
     # Step 0 runs once per sentence: every beam starts from the same BOS, so the decoder's
     # work is not repeated k times; the k beams then all read hypothesis 0's first slot.
-    cache = model.init_cache(encoded, src_segments, k, max_len)
-    first_logits, cache = model.decode_step(jnp.full((batch, 1), bos_id, jnp.int32),
-                                            jnp.zeros((), jnp.int32), cache)
-
-    # the search state before step 0; ``last`` and ``cache`` are added by the first ``search``
-    init = dict(
+    first_logits, cache = decode_beams(model, jnp.full((batch, 1), bos_id, jnp.int32),
+                                       jnp.zeros((), jnp.int32),
+                                       init_beams(model, encoded, src_segments, k, max_len))
+    init = BeamState(  # before the search at position 0; ``last`` is not read
         i=jnp.zeros((), jnp.int32),
+        last=jnp.zeros((batch, k), jnp.int32),
         alive_seq=jnp.zeros((batch, k, max_len), jnp.int32),
         alive_logp=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1)),
         fin_seq=jnp.zeros((batch, k, max_len), jnp.int32),
         fin_logp=jnp.full((batch, k), NEG_INF, jnp.float32),
         fin_score=jnp.full((batch, k), NEG_INF, jnp.float32),
         fin_len=jnp.zeros((batch, k), jnp.int32),
-    )
+        cache=cache)
 
-    def done(s):
-        bound = s["alive_logp"][:, 0] / lp_max
-        no_alive = s["alive_logp"][:, 0] <= NEG_INF / 2
-        return (s["fin_score"][:, -1] >= bound) | no_alive
+    def done(s: BeamState) -> jax.Array:  # bool [batch]
+        bound = s.alive_logp[:, 0] / lp_max
+        no_alive = s.alive_logp[:, 0] <= NEG_INF / 2
+        return (s.fin_score[:, -1] >= bound) | no_alive
 
-    def cond(s):
-        return (s["i"] < max_len) & ~jnp.all(done(s))
+    def cond(s: BeamState) -> jax.Array:
+        return (s.i < max_len) & ~jnp.all(done(s))
 
-    def search(s, logits, cache):
+    def search(s: BeamState, logits: jax.Array) -> BeamState:
         """One step of the search given the logits ``[batch, k, vocab]`` at position ``i``."""
-        i = s["i"]
-        logits = logits.astype(jnp.float32)
+        i = s.i
+        logits = logits.astype(jnp.float32)  # [batch, k, vocab]
         banned = _banned(logits.shape[-1], i, max_lengths, min_length, bos_id=bos_id,
-                         eos_id=eos_id, pad_id=pad_id)
-        top_logp, src_beam, tok = _top_continuations(logits, banned, s["alive_logp"], 2 * k)
-        seqs = _gather_beams(s["alive_seq"], src_beam)
+                         eos_id=eos_id, pad_id=pad_id)  # [batch, vocab]
+        # [batch, 2k] each: total log-probability, source beam and token of every candidate
+        top_logp, src_beam, tok = _top_continuations(logits, banned, s.alive_logp, 2 * k)
+        seqs = _gather_beams(s.alive_seq, src_beam)  # [batch, 2k, max_len]
         seqs = jnp.where(jnp.arange(max_len) == i, tok[:, :, None], seqs)
-        valid = top_logp > NEG_INF / 2
-        ends = (tok == eos_id) & valid & (jnp.arange(2 * k) < k)
+        valid = top_logp > NEG_INF / 2  # [batch, 2k]
+        ends = (tok == eos_id) & valid & (jnp.arange(2 * k) < k)  # [batch, 2k]
 
         # finished: merge the kept ones with the new EOS continuations, keep the best k
         length = (i + 1).astype(jnp.float32)
         new_score = jnp.where(ends, top_logp / length_penalty(length, alpha, length_penalty_kind),
-                              NEG_INF)
-        all_score = jnp.concatenate([s["fin_score"], new_score], axis=1)
-        fin_score, pick = jax.lax.top_k(all_score, k)
+                              NEG_INF)  # [batch, 2k]
+        all_score = jnp.concatenate([s.fin_score, new_score], axis=1)  # [batch, 3k]
+        fin_score, pick = jax.lax.top_k(all_score, k)  # [batch, k]
         cat = lambda a, b: _gather_beams(jnp.concatenate([a, b], axis=1), pick)
-        fin_seq = cat(s["fin_seq"], seqs)
-        fin_logp = cat(s["fin_logp"], jnp.where(ends, top_logp, NEG_INF))
-        fin_len = cat(s["fin_len"], jnp.where(ends, i + 1, 0).astype(jnp.int32))
+        fin_seq = cat(s.fin_seq, seqs)  # [batch, k, max_len]
+        fin_logp = cat(s.fin_logp, jnp.where(ends, top_logp, NEG_INF))  # [batch, k]
+        fin_len = cat(s.fin_len, jnp.where(ends, i + 1, 0).astype(jnp.int32))  # [batch, k]
 
         # live: the best k continuations that do not end in EOS
-        alive_cand = jnp.where(tok == eos_id, NEG_INF, top_logp)
-        alive_logp, keep = jax.lax.top_k(alive_cand, k)
-        return dict(i=i + 1, last=_gather_beams(tok, keep), alive_seq=_gather_beams(seqs, keep),
-                    alive_logp=alive_logp, fin_seq=fin_seq, fin_logp=fin_logp, fin_score=fin_score,
-                    fin_len=fin_len,
-                    cache=model.reorder_cache(cache, _gather_beams(src_beam, keep)))
+        alive_cand = jnp.where(tok == eos_id, NEG_INF, top_logp)  # [batch, 2k]
+        alive_logp, keep = jax.lax.top_k(alive_cand, k)  # [batch, k]
+        return BeamState(i=i + 1, last=_gather_beams(tok, keep),  # [batch, k]
+                         alive_seq=_gather_beams(seqs, keep),  # [batch, k, max_len]
+                         alive_logp=alive_logp, fin_seq=fin_seq, fin_logp=fin_logp,
+                         fin_score=fin_score, fin_len=fin_len,
+                         cache=reorder_beams(s.cache, _gather_beams(src_beam, keep)))
 
-    def body(s):
-        logits, cache = model.decode_step(s["last"], s["i"], s["cache"])
-        return search(s, logits, cache)
+    def body(s: BeamState) -> BeamState:
+        logits, cache = decode_beams(model, s.last, s.i, s.cache)  # [batch, k, vocab]
+        return search(s.replace(cache=cache), logits)
 
     first = jnp.broadcast_to(first_logits, (batch, k, first_logits.shape[-1]))
-    s = jax.lax.while_loop(cond, body, search(init, first, cache))
-    tokens = jnp.where(jnp.arange(max_len) < s["fin_len"][:, :, None], s["fin_seq"], pad_id)
-    return BeamResult(tokens=tokens, lengths=s["fin_len"], logprobs=s["fin_logp"],
-                      scores=s["fin_score"])
+    s = jax.lax.while_loop(cond, body, search(init, first))
+    tokens = jnp.where(jnp.arange(max_len) < s.fin_len[:, :, None], s.fin_seq, pad_id)
+    return BeamResult(tokens=tokens, lengths=s.fin_len, logprobs=s.fin_logp, scores=s.fin_score)
 
 
-def _ancestral(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_lengths: jax.Array,
-               choose: Callable[[jax.Array, jax.Array], jax.Array], *, num: int, max_len: int,
-               bos_id: int, eos_id: int, pad_id: int, min_length: int):
+@struct.dataclass
+class SampleState:
+    """The loop state of ``_ancestral`` (greedy search and sampling), rows = batch·num.
+
+    Attributes:
+      i: int32 scalar, the position decoded next.
+      last: int32 ``[rows]``, each row's token at position ``i - 1`` (BOS before position 0).
+      seq: int32 ``[rows, max_len]``, the tokens so far, PAD after a row's EOS.
+      logp: float32 ``[rows]``, their log-probabilities.
+      length: int32 ``[rows]``, tokens up to and including EOS (so far).
+      finished: bool ``[rows]``, the row has produced EOS.
+      cache: a ``BeamCache`` whose ``num`` hypotheses per sentence are never reordered.
+    """
+
+    i: jax.Array
+    last: jax.Array
+    seq: jax.Array
+    logp: jax.Array
+    length: jax.Array
+    finished: jax.Array
+    cache: BeamCache
+
+
+def _ancestral(model: SearchModel, src: jax.Array, src_segments: jax.Array,
+               max_lengths: jax.Array, choose: Callable[[jax.Array, jax.Array], jax.Array], *,
+               num: int, max_len: int, bos_id: int, eos_id: int, pad_id: int, min_length: int):
     """Left-to-right decoding of ``num`` hypotheses per sentence, one token per step.
 
     ``choose(logits, i)`` maps float32 ``[batch·num, vocab]`` logits (banned tokens at
@@ -383,36 +539,39 @@ def _ancestral(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_l
     _check_search(max_len, min_length, 0.0, "none")
     batch, rows = src.shape[0], src.shape[0] * num
     encoded = model.encode(src, src_segments, _positions(src_segments))
-    cache = model.init_cache(encoded, src_segments, num, max_len)
-    row_max = jnp.repeat(jnp.clip(max_lengths, 1, max_len).astype(jnp.int32), num)
-    init = dict(i=jnp.zeros((), jnp.int32), last=jnp.full((rows,), bos_id, jnp.int32),
-                seq=jnp.full((rows, max_len), pad_id, jnp.int32),
-                logp=jnp.zeros((rows,), jnp.float32), length=jnp.zeros((rows,), jnp.int32),
-                finished=jnp.zeros((rows,), bool), cache=cache)
+    row_max = jnp.repeat(jnp.clip(max_lengths, 1, max_len).astype(jnp.int32), num)  # [rows]
+    init = SampleState(i=jnp.zeros((), jnp.int32), last=jnp.full((rows,), bos_id, jnp.int32),
+                       seq=jnp.full((rows, max_len), pad_id, jnp.int32),
+                       logp=jnp.zeros((rows,), jnp.float32),
+                       length=jnp.zeros((rows,), jnp.int32),
+                       finished=jnp.zeros((rows,), bool),
+                       cache=init_beams(model, encoded, src_segments, num, max_len))
 
-    def cond(s):
-        return (s["i"] < max_len) & ~jnp.all(s["finished"])
+    def cond(s: SampleState) -> jax.Array:
+        return (s.i < max_len) & ~jnp.all(s.finished)
 
-    def body(s):
-        i = s["i"]
-        logits, cache = model.decode_step(s["last"].reshape(batch, num), i, s["cache"])
-        logits = logits.reshape(rows, -1).astype(jnp.float32)
+    def body(s: SampleState) -> SampleState:
+        i = s.i
+        logits, cache = decode_beams(model, s.last.reshape(batch, num), i, s.cache)
+        logits = logits.reshape(rows, -1).astype(jnp.float32)  # [rows, vocab]
         banned = _banned(logits.shape[-1], i, row_max, min_length, bos_id=bos_id, eos_id=eos_id,
-                         pad_id=pad_id)
-        tok = choose(jnp.where(banned, NEG_INF, logits), i).astype(jnp.int32)
-        step_logp = jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None], axis=-1)[:, 0]
-        live = ~s["finished"]
-        seq = jnp.where((jnp.arange(max_len) == i) & live[:, None], tok[:, None], s["seq"])
-        return dict(i=i + 1, last=tok, seq=seq, logp=s["logp"] + jnp.where(live, step_logp, 0.0),
-                    length=jnp.where(live, i + 1, s["length"]),
-                    finished=s["finished"] | (tok == eos_id), cache=cache)
+                         pad_id=pad_id)  # [rows, vocab]
+        tok = choose(jnp.where(banned, NEG_INF, logits), i).astype(jnp.int32)  # [rows]
+        step_logp = jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None],
+                                        axis=-1)[:, 0]  # [rows]
+        live = ~s.finished  # [rows]
+        seq = jnp.where((jnp.arange(max_len) == i) & live[:, None], tok[:, None], s.seq)
+        return SampleState(i=i + 1, last=tok, seq=seq,  # [rows], [rows, max_len]
+                           logp=s.logp + jnp.where(live, step_logp, 0.0),
+                           length=jnp.where(live, i + 1, s.length),
+                           finished=s.finished | (tok == eos_id), cache=cache)
 
     s = jax.lax.while_loop(cond, body, init)
-    return (s["seq"].reshape(batch, num, max_len), s["length"].reshape(batch, num),
-            s["logp"].reshape(batch, num))
+    return (s.seq.reshape(batch, num, max_len), s.length.reshape(batch, num),
+            s.logp.reshape(batch, num))
 
 
-def greedy_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array,
+def greedy_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
                   max_lengths: jax.Array, *, max_len: int, bos_id: int, eos_id: int,
                   pad_id: int, min_length: int = 0) -> tuple[jax.Array, jax.Array]:
     """Greedy decoding: the most probable allowed token at each step until EOS.
@@ -432,7 +591,7 @@ def greedy_search(model: nnx.Module, src: jax.Array, src_segments: jax.Array,
     return tokens[:, 0], logp[:, 0]
 
 
-def sample(model: nnx.Module, src: jax.Array, src_segments: jax.Array, max_lengths: jax.Array,
+def sample(model: SearchModel, src: jax.Array, src_segments: jax.Array, max_lengths: jax.Array,
            keys: jax.Array, *, num_samples: int, max_len: int, bos_id: int, eos_id: int,
            pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            min_length: int = 0, alpha: float = 0.0, length_penalty_kind: str = "gnmt"

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import BOS, EOS, packed_batch, random_pairs, tiny_config, unpacked_batch
+from seq2seq.decoding import decode_beams, init_beams, reorder_beams
 from seq2seq.model import build_model
 from seq2seq.model.positions import sinusoidal_embedding
 from seq2seq.model.transformer import shift_right
@@ -101,12 +102,12 @@ def test_packed_rows_equal_separate_rows(positions, norm, rng):
 def cached_logits(model, batch, length, beam_size=1):
     """Logits of every decoder position computed one step at a time with the KV cache."""
     encoded = model.encode(batch["src"], batch["src_segments"], batch["src_positions"])
-    cache = model.init_cache(encoded, batch["src_segments"], beam_size, length)
+    cache = init_beams(model, encoded, batch["src_segments"], beam_size, length)
     tgt_in = shift_right(batch["tgt"], batch["tgt_segments"], BOS)
     tgt_in = tgt_in.reshape(-1, beam_size, tgt_in.shape[1])  # [batch, beam, length]
     out = []
     for i in range(length):
-        logits, cache = model.decode_step(tgt_in[:, :, i], jnp.int32(i), cache)
+        logits, cache = decode_beams(model, tgt_in[:, :, i], jnp.int32(i), cache)
         out.append(np.asarray(logits).reshape(-1, logits.shape[-1]))
     return np.stack(out, axis=1)
 
@@ -156,13 +157,13 @@ def test_reordered_hypotheses_read_their_ancestors_cache(positions, rng):
 
     sources = unpacked_batch(src, src, 12)
     encoded = model.encode(sources["src"], sources["src_segments"], sources["src_positions"])
-    cache = model.init_cache(encoded, sources["src_segments"], beam, length)
+    cache = init_beams(model, encoded, sources["src_segments"], beam, length)
     steps = []
     for i in range(length):
         if i == before:
-            cache = model.reorder_cache(cache, jnp.asarray(parents, jnp.int32))
+            cache = reorder_beams(cache, jnp.asarray(parents, jnp.int32))
         tokens = inputs(tgt if i < before else joined)[:, :, i]
-        logits, cache = model.decode_step(jnp.asarray(tokens, jnp.int32), jnp.int32(i), cache)
+        logits, cache = decode_beams(model, jnp.asarray(tokens, jnp.int32), jnp.int32(i), cache)
         steps.append(np.asarray(logits))
     steps = np.stack(steps, axis=2)  # [2, beam, length, vocab]
 
@@ -196,7 +197,7 @@ def test_learned_positions_name_the_length_and_the_table_size(rng):
     encoded = model.encode(batch["src"][:, :8], batch["src_segments"][:, :8],
                            batch["src_positions"][:, :8])
     with pytest.raises(ValueError, match="input length 9 exceeds .* of 8 positions"):
-        model.init_cache(encoded, batch["src_segments"][:, :8], 1, 9)
+        model.init_cache(encoded, batch["src_segments"][:, :8], max_len=9, slots=9)
 
 
 # -- norm placement against the formulas, in plain jax.numpy ---------------------------------

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from seq2seq import kernels
 from seq2seq.model.axes import logical
 from seq2seq.model.precision import dot_general_f32_accumulate
 from seq2seq.model.positions import apply_rope
@@ -114,15 +115,8 @@ def cached_attention(query: jax.Array, key_cache: jax.Array, value_cache: jax.Ar
     decoding step: keys as ``[batch, heads, head_dim, slots]`` (the right operand of Q Kᵀ,
     contracted on ``head_dim``) and values as ``[batch, heads, slots, head_dim]`` (the right
     operand of P V, contracted on ``slots``). Used for the decoder's self-attention cache
-    (slots = positions × beams, see ``DecoderLayer.decode_step``) and for the cross-attention
-    keys/values of the source (slots = source positions).
-
-    With several queries per row (the beams of a sentence) both products are written as a
-    broadcast multiply and a float32 sum, not as batched matmuls: they are memory-bound, and
-    XLA:CPU runs batched dots of many tiny matrices several times slower than the fused loop
-    (0.40 against 1.67 ms per layer for 32 sentences × 8 heads × 4 queries × 64 slots). With
-    one query per row they are batched matrix-vector products (einsum), which XLA:CPU runs
-    well where the broadcast form is pathologically slow (12 against 0.2 ms).
+    (``Transformer.decode_step``; which slots a query reads is the caller's ``mask``) and for
+    the cross-attention keys/values of the source (slots = source positions).
 
     Args:
       query: ``[batch, q_len, heads, head_dim]``.
@@ -136,11 +130,15 @@ def cached_attention(query: jax.Array, key_cache: jax.Array, value_cache: jax.Ar
       ``[batch, q_len, heads, head_dim]`` in the query dtype; logits and softmax in float32.
     """
     f32 = jnp.float32
-    if query.shape[1] == 1:  # one query per row: matrix-vector products
+    if query.shape[1] == 1 or not kernels.cpu():  # batched matrix products (einsum)
         logits = jnp.einsum("bqhd,bhdk->bhqk", query, key_cache, preferred_element_type=f32)
         probs = _attention_weights(logits, query.shape[-1], mask, bias).astype(value_cache.dtype)
         out = jnp.einsum("bhqk,bhkd->bqhd", probs, value_cache, preferred_element_type=f32)
         return out.astype(query.dtype)
+    # Several queries per row (the beams of a sentence), XLA:CPU kernel (seq2seq.kernels): both
+    # products are memory-bound, and XLA:CPU runs batched dots of many tiny matrices much slower
+    # than this fused broadcast multiply and float32 sum. (One query per row stays an einsum:
+    # matrix-vector products, which it runs well and where this form is pathologically slow.)
     q = query.astype(f32).transpose(0, 2, 1, 3)  # [batch, heads, q_len, head_dim]
     logits = jnp.sum(q[..., None] * key_cache.astype(f32)[:, :, None], axis=3)
     probs = _attention_weights(logits, query.shape[-1], mask, bias)

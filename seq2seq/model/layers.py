@@ -150,8 +150,8 @@ class DecoderLayer(nnx.Module):
     ``__call__`` (teacher forcing): x ``[batch, tgt_len, d_model]``, cross keys/values
     ``[batch, src_len, heads, head_dim]``, optional self-attention ``bias``/``rope_positions``
     → ``[batch, tgt_len, d_model]``. Cross-attention has no position term.
-    ``decode_step`` (one new position, KV cache): x ``[batch, q ≤ beam, d_model]``, the
-    current position of the first q hypotheses of each sentence.
+    ``decode_step`` (one new position, KV cache): x ``[batch, q, d_model]``, q queries per row
+    at the same position.
     """
 
     def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
@@ -171,46 +171,42 @@ class DecoderLayer(nnx.Module):
                              **kw)
         return self.ffn_block(x, lambda h: self.ffn(h, **kw), **kw)
 
-    def decode_step(self, x, cache: dict[str, jax.Array], slot: jax.Array, self_mask,
-                    cross_kv, cross_mask, *, bias=None, rope_positions=None):
+    def decode_step(self, x, key_cache, value_cache, write, self_mask, cross_kv, cross_mask, *,
+                    bias=None, rope_positions=None):
         """One decoding position with a KV cache (inference only, no dropout).
 
-        The ``beam`` hypotheses of a sentence share one cache of ``max_len·beam`` slots, slot
-        ``t·beam + j`` holding hypothesis j's key/value at position t. Hypothesis j writes the
-        current position into slot ``slot + j`` and reads, at each earlier position, the slot
-        of the hypothesis it descends from, as ``self_mask`` says (``Transformer.decode_step``
-        builds it from the ancestry table). Beam search therefore never copies the cache when
-        it reorders hypotheses.
+        The ``q`` queries of a row write their self-attention keys/values into slots
+        ``write .. write+q-1`` and attend to the slots ``self_mask`` allows; which slots those
+        are is the caller's choice (``Transformer.decode_step``).
 
         Args:
-          x: ``[batch, q, d_model]``, the embedded tokens at the current position of the
-            first ``q ≤ beam`` hypotheses of each sentence.
-          cache: ``{"key": [batch, heads, head_dim, max_len·beam], "value": [batch, heads,
-            max_len·beam, head_dim]}`` (head-major, see ``cached_attention``); keys are
-            stored already rotated when RoPE is used.
-          slot: int scalar, ``position·beam``: the slot of hypothesis 0 at this position.
-          self_mask: bool ``[batch, 1, q, max_len·beam]``: the slots each query reads.
+          x: ``[batch, q, d_model]``, the embedded tokens at the current position.
+          key_cache: ``[batch, heads, head_dim, slots]``; value_cache: ``[batch, heads, slots,
+            head_dim]`` (head-major, see ``cached_attention``); keys are stored already rotated
+            when RoPE is used.
+          write: int scalar, the slot of query 0.
+          self_mask: bool ``[batch, 1, q, slots]``: the slots each query reads.
           cross_kv: encoder keys ``[batch, heads, head_dim, src_len]`` and values
-            ``[batch, heads, src_len, head_dim]`` (``project_kv_cache``), shared by the
-            hypotheses of a sentence (they act as ``q`` query positions).
+            ``[batch, heads, src_len, head_dim]`` (``project_kv_cache``), read by all ``q``
+            queries of a row.
           cross_mask: bool ``[batch, 1, 1, src_len]``.
-          bias: float32 ``[1, heads, 1, max_len·beam]``: position bias of the current
-            position against every slot (relative/ALiBi), or None.
+          bias: float32 ``[1, heads, 1, slots]``: position bias of the current position against
+            every slot (relative/ALiBi), or None.
           rope_positions: int ``[1, 1]`` holding the current position (RoPE), or None.
 
         Returns:
-          ``([batch, q, d_model], updated cache)``.
+          ``[batch, q, d_model]`` and the updated key and value caches.
         """
         attn = self.self_attention
-        new_cache = {}
+        new = {}
 
         def self_attend(h):
             k, v = attn.project_kv(h, rope_positions)  # [batch, q, heads, head_dim]
-            new_cache["key"] = jax.lax.dynamic_update_slice_in_dim(
-                cache["key"], k.transpose(0, 2, 3, 1), slot, axis=3)
-            new_cache["value"] = jax.lax.dynamic_update_slice_in_dim(
-                cache["value"], v.transpose(0, 2, 1, 3), slot, axis=2)
-            return attn.attend_cache(h, new_cache["key"], new_cache["value"], self_mask,
+            new["key"] = jax.lax.dynamic_update_slice_in_dim(
+                key_cache, k.transpose(0, 2, 3, 1), write, axis=3)
+            new["value"] = jax.lax.dynamic_update_slice_in_dim(
+                value_cache, v.transpose(0, 2, 1, 3), write, axis=2)
+            return attn.attend_cache(h, new["key"], new["value"], self_mask,
                                      bias=bias, rope_positions=rope_positions)
 
         def cross_attend(h):
@@ -220,4 +216,4 @@ class DecoderLayer(nnx.Module):
         x = self.self_block(x, self_attend, **kw)
         x = self.cross_block(x, cross_attend, **kw)
         x = self.ffn_block(x, self.ffn, **kw)
-        return x, new_cache
+        return x, new["key"], new["value"]

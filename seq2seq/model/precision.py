@@ -4,17 +4,15 @@ With ``model.dtype: bfloat16`` every projection multiplies bfloat16 operands but
 products in float32 and rounds only the result (Micikevicius et al. 2018, "Mixed Precision
 Training", §3; what bf16 matrix units do on TPU and GPU). The backward pass does the same: the
 incoming gradient is rounded to bfloat16 and both gradient products accumulate in float32,
-so each projection runs its forward product and both gradient products at bf16 speed.
-
-Asking XLA for a float32 result is also what selects the fast bf16 kernels on CPUs with
-AVX512-BF16: on the 2-core AMD EPYC here a 2048³ bf16 matmul runs at ~380 GFLOP/s with a
-float32 result and ~150 GFLOP/s with a bf16 one (float32: ~190).
+so each projection runs its forward product and both gradient products at bf16 speed. Asking
+XLA for a float32 result is also what selects the fast bf16 kernels on CPUs with AVX512-BF16.
 
 In float32 the same custom VJP computes exactly the products autodiff would (dx = g·Wᵀ,
 dW = xᵀ·g), but it flattens the leading axes before the weight gradient: autodiff contracts
 ``[batch, length, in]`` with ``[batch, length, out]`` over two axes, a form XLA's CPU backend
 runs through its slow generic dot plus copies, where a 2-D ``[tokens, in]ᵀ·[tokens, out]``
-goes to the fast matmul kernels (``tiny`` training step 0.89 → 0.79 s).
+goes to the fast matmul kernels. The custom VJP is one of the kernels ``seq2seq.kernels``
+selects; its ``reference`` choice is ``lax.dot_general`` (float32 accumulation) and autodiff.
 """
 
 from __future__ import annotations
@@ -24,6 +22,8 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from seq2seq import kernels
 
 
 def _dot(a, b, contract_a: int, contract_b: int):
@@ -66,7 +66,10 @@ def matmul(x: jax.Array, w: jax.Array, *, w_transposed: bool = False,
     Returns:
       ``[..., out]`` in ``out_dtype``. Gradients are in the operands' dtypes.
     """
-    return _matmul(x, w, w_transposed, jnp.dtype(out_dtype or x.dtype))
+    out_dtype = jnp.dtype(out_dtype or x.dtype)
+    if kernels.cpu():
+        return _matmul(x, w, w_transposed, out_dtype)
+    return _dot(x, w, x.ndim - 1, 1 if w_transposed else 0).astype(out_dtype)  # autodiff
 
 
 def dot_general_f32_accumulate(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import nnx, struct
 
 from seq2seq.config import ModelConfig
 from seq2seq.model.attention import MultiHeadAttention, causal_segment_mask, segment_mask
@@ -19,8 +19,6 @@ from seq2seq.model.axes import logical
 from seq2seq.model.layers import DecoderLayer, EncoderLayer, layer_norm
 from seq2seq.model.positions import Positions
 from seq2seq.model.precision import matmul
-
-Cache = dict[str, object]
 
 
 def shift_right(targets: jax.Array, segments: jax.Array, bos_id: int, pad_id: int = 0) -> jax.Array:
@@ -44,6 +42,33 @@ def shift_right(targets: jax.Array, segments: jax.Array, bos_id: int, pad_id: in
     return jnp.where(segments > 0, shifted, pad_id).astype(targets.dtype)
 
 
+@struct.dataclass
+class DecoderCache:
+    """What incremental decoding keeps between steps (``Transformer.init_cache``/``decode_step``).
+
+    Each batch row has ``slots`` self-attention slots. The model writes a step's keys and values
+    where ``decode_step``'s caller says and every query reads the slots its mask allows: which
+    hypothesis owns which slot is the caller's business (``seq2seq.decoding``). Keys and values
+    are head-major, the layout ``cached_attention`` reads without a transposed copy. L is the
+    number of decoder layers; arrays are in the compute dtype unless noted.
+
+    Attributes:
+      self_key: L arrays ``[batch, heads, head_dim, slots]``, self-attention keys (rotated
+        already under RoPE); unwritten slots hold zeros.
+      self_value: L arrays ``[batch, heads, slots, head_dim]``.
+      slot_positions: int32 ``[slots]``, the decoder position each slot was written at (for
+        relative/ALiBi biases; 0 where nothing was written).
+      cross_key: L arrays ``[batch, heads, head_dim, src_len]``, the encoder output's keys.
+      cross_value: L arrays ``[batch, heads, src_len, head_dim]``.
+      cross_mask: bool ``[batch, 1, 1, src_len]``, True at real source tokens.
+    """
+
+    self_key: tuple[jax.Array, ...]
+    self_value: tuple[jax.Array, ...]
+    slot_positions: jax.Array
+    cross_key: tuple[jax.Array, ...]
+    cross_value: tuple[jax.Array, ...]
+    cross_mask: jax.Array
 
 
 class Transformer(nnx.Module):
@@ -241,29 +266,19 @@ class Transformer(nnx.Module):
                 "logits": logits}
 
     # -- incremental decoding ---------------------------------------------------------------
-    def init_cache(self, encoded: jax.Array, src_segments: jax.Array, beam_size: int,
-                   max_len: int) -> Cache:
-        """Decoding cache: empty self-attention keys/values and the cross-attention ones.
-
-        Cross-attention keys/values are computed once per sentence (not per beam). The
-        ``beam_size`` hypotheses of a sentence share ``max_len·beam_size`` self-attention
-        slots (slot ``t·beam_size + i`` holds hypothesis i's key/value at position t);
-        ``ancestors[b, j, t]`` is the hypothesis i whose slot at position t hypothesis j
-        reads. Reordering hypotheses (beam search) gathers only this table
-        (``reorder_cache``), never the keys and values.
+    def init_cache(self, encoded: jax.Array, src_segments: jax.Array, *, max_len: int,
+                   slots: int) -> DecoderCache:
+        """An empty self-attention cache of ``slots`` slots per row, and the cross-attention
+        keys/values of ``encoded`` (computed once here, not at every step).
 
         Args:
-          encoded: ``[batch, src_len, d_model]``.
+          encoded: ``[batch, src_len, d_model]`` encoder output.
           src_segments: int32 ``[batch, src_len]``.
-          beam_size: hypotheses per sentence.
-          max_len: decoder positions to reserve.
+          max_len: decoder positions that will be decoded.
+          slots: self-attention slots per row (e.g. ``max_len`` for one hypothesis per row).
 
         Returns:
-          ``{"layers": [{"key": [batch, heads, head_dim, max_len·beam], "value":
-          [batch, heads, max_len·beam, head_dim]}] (head-major, see ``cached_attention``),
-          "ancestors": int32 [batch, beam, max_len] (zeros: every hypothesis starts from
-          hypothesis 0's first position), "cross": [(key [batch, heads, head_dim, src_len],
-          value [batch, heads, src_len, head_dim])], "cross_mask": bool [batch, 1, 1, src_len]}``.
+          a ``DecoderCache`` with ``batch`` rows.
 
         Raises:
           ValueError: ``learned`` positions and max_len > ``model.max_len``.
@@ -272,75 +287,56 @@ class Transformer(nnx.Module):
         batch = encoded.shape[0]
         heads = self.config.num_heads
         head_dim = self.config.d_model // heads
-        slots = max_len * beam_size
-        layers = [{"key": jnp.zeros((batch, heads, head_dim, slots), self.dtype),
-                   "value": jnp.zeros((batch, heads, slots, head_dim), self.dtype)}
-                  for _ in self.decoder_layers]
+        n = len(self.decoder_layers)
         cross = [layer.cross_attention.project_kv_cache(encoded) for layer in self.decoder_layers]
-        return {"layers": layers, "ancestors": jnp.zeros((batch, beam_size, max_len), jnp.int32),
-                "cross": cross, "cross_mask": (src_segments > 0)[:, None, None, :]}
+        return DecoderCache(
+            self_key=tuple(jnp.zeros((batch, heads, head_dim, slots), self.dtype)
+                           for _ in range(n)),
+            self_value=tuple(jnp.zeros((batch, heads, slots, head_dim), self.dtype)
+                             for _ in range(n)),
+            slot_positions=jnp.zeros((slots,), jnp.int32),
+            cross_key=tuple(k for k, _ in cross), cross_value=tuple(v for _, v in cross),
+            cross_mask=(src_segments > 0)[:, None, None, :])
 
-    @staticmethod
-    def reorder_cache(cache: Cache, parents: jax.Array) -> Cache:
-        """The cache after hypothesis j of every sentence has become a copy of ``parents[:, j]``.
+    def decode_step(self, tokens: jax.Array, position: jax.Array, cache: DecoderCache, *,
+                    write: jax.Array, mask: jax.Array) -> tuple[jax.Array, DecoderCache]:
+        """Logits for the next token after ``tokens``, all at decoder position ``position``.
 
-        Only the ancestry table ``[batch, beam, max_len]`` is gathered (a few KB); the keys
-        and values stay where they are.
-
-        Args:
-          cache: from ``init_cache``/``decode_step``.
-          parents: int32 ``[batch, beam]``, each in ``[0, beam)``.
-
-        Returns:
-          the cache with ``ancestors[b, j] = old ancestors[b, parents[b, j]]``.
-        """
-        ancestors = jnp.take_along_axis(cache["ancestors"], parents[:, :, None], axis=1)
-        return {**cache, "ancestors": ancestors}
-
-    def decode_step(self, tokens: jax.Array, index: jax.Array, cache: Cache
-                    ) -> tuple[jax.Array, Cache]:
-        """Logits for the next token given the token at position ``index`` of each hypothesis.
-
-        Every row holds one sentence, so the decoder position is ``index`` itself. RoPE keys are
-        rotated before they are cached; relative/ALiBi use the bias of query ``index`` against
-        every cache slot (later positions are masked).
+        The ``q`` queries of a row write their keys and values into slots ``write .. write+q-1``
+        of that row and attend to the slots ``mask`` allows (their own new slot among them).
+        RoPE keys are rotated before they are cached; relative/ALiBi biases use ``position``
+        against each slot's ``slot_positions``.
 
         Args:
-          tokens: int32 ``[batch, q]`` tokens at position ``index`` (BOS at 0) of the first
-            ``q ≤ beam`` hypotheses of each sentence (beam search runs step 0 with q = 1).
-          index: int32 scalar position.
+          tokens: int32 ``[batch, q]``, the tokens at ``position`` (BOS at 0).
+          position: int32 scalar decoder position.
           cache: from ``init_cache`` or a previous step.
+          write: int32 scalar, the slot of query 0; ``write + q`` ≤ slots.
+          mask: bool ``[batch, q, slots]``, True where a query attends.
 
         Returns:
-          float32 logits ``[batch, q, vocab]`` and the updated cache (hypothesis j < q has
-          written slot ``index·beam + j``).
+          float32 logits ``[batch, q, vocab]`` and the updated cache.
         """
         pos = self.decoder_positions
-        batch, q = tokens.shape
-        ancestors = cache["ancestors"]
-        beam, max_len = ancestors.shape[1:]
-        hyp = jnp.arange(beam, dtype=jnp.int32)
-        positions = jnp.arange(max_len)
-        own = (positions == index)[None, None, :] & (hyp < q)[None, :, None]
-        ancestors = jnp.where(own, hyp[None, :, None], ancestors)
-        # query j reads slot (t, ancestors[j, t]) for t ≤ index: [batch, 1, q, max_len·beam]
-        self_mask = (ancestors[:, :q, :, None] == hyp) & (positions <= index)[:, None]
-        self_mask = self_mask.reshape(batch, 1, q, max_len * beam)
-        query_pos = jnp.reshape(index, (1, 1)).astype(jnp.int32)
+        q = tokens.shape[1]
+        slot_positions = jax.lax.dynamic_update_slice_in_dim(
+            cache.slot_positions, jnp.full((q,), position, jnp.int32), write, axis=0)
+        query_pos = jnp.reshape(position, (1, 1)).astype(jnp.int32)
         x = self._embed(self._target_embedding(), pos, tokens, query_pos,
                         deterministic=True, rngs=None)
-        bias = pos.bias(query_pos, positions.astype(jnp.int32)[None])
-        if bias is not None:  # [1, heads, 1, max_len] -> every slot of a position
-            bias = jnp.repeat(bias, beam, axis=-1)
+        bias = pos.bias(query_pos, slot_positions[None])  # [1, heads, 1, slots] or None
         rope = pos.rope(query_pos)
-        new_layers = []
-        layers = zip(self.decoder_layers, cache["layers"], cache["cross"])
-        for layer, layer_cache, cross_kv in layers:
-            x, layer_cache = layer.decode_step(x, layer_cache, index * beam, self_mask, cross_kv,
-                                               cache["cross_mask"], bias=bias,
-                                               rope_positions=rope)
-            new_layers.append(layer_cache)
-        return self.logits(x), {**cache, "layers": new_layers, "ancestors": ancestors}
+        keys, values = [], []
+        layers = zip(self.decoder_layers, cache.self_key, cache.self_value, cache.cross_key,
+                     cache.cross_value)
+        for layer, key, value, cross_key, cross_value in layers:
+            x, key, value = layer.decode_step(x, key, value, write, mask[:, None],
+                                              (cross_key, cross_value), cache.cross_mask,
+                                              bias=bias, rope_positions=rope)
+            keys.append(key)
+            values.append(value)
+        return self.logits(x), cache.replace(self_key=tuple(keys), self_value=tuple(values),
+                                             slot_positions=slot_positions)
 
 
 def build_model(config: ModelConfig, seed: int = 0) -> Transformer:
