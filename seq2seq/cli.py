@@ -51,10 +51,14 @@ def train_main(argv: Sequence[str] | None = None) -> int:
                                "resume.", argv)
     if isinstance(config, int):
         return config
+    from seq2seq.run import Interrupted, check_run_config, train  # heavy imports after arg checks
     from seq2seq.sharding import initialize_distributed, is_main_process
-    from seq2seq.run import Interrupted, train  # heavy imports after arg checks
 
     initialize_distributed(config.distributed)  # before any device use; no-op for one process
+    try:  # every check that needs no data, before the run directory or its log exist
+        check_run_config(config)
+    except ValueError as e:
+        return _fail(str(e))
     _setup_logging(Path(config.workdir) if is_main_process() else None)  # one train.log
     logging.getLogger(__name__).info("config:\n%s", _yaml(config))
     try:
@@ -62,6 +66,10 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     except Interrupted as e:
         print(str(e), file=sys.stderr)
         return 128 + e.signum  # 130 for SIGINT (Ctrl-C), 143 for SIGTERM
+    except KeyboardInterrupt:  # before the training loop (data, tokenizer): nothing to save
+        print("interrupted before training started; no checkpoint was written by this run",
+              file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return _fail(str(e))
     best = summary["best"]
@@ -134,7 +142,8 @@ _SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
 def _decode_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--workdir", required=True, help="run directory written by seq2seq-train")
-    parser.add_argument("--step", type=int, help="checkpoint step (default: latest)")
+    parser.add_argument("--step", type=int, help="checkpoint step (default: the one the run's "
+                        "test score used: the best by train.best_metric, else the latest)")
     search = parser.add_argument_group("search (defaults: the run's decode config)")
     search.add_argument("--beam", type=_positive_int, help="beam size (1 = greedy search)")
     search.add_argument("--alpha", type=_nonnegative_float, help="length-penalty exponent")
@@ -170,7 +179,8 @@ def _load(args) -> tuple:
     if not decode.sampling:
         given = [f"--{o.replace('_', '-')}" for o in _SAMPLING_ONLY if getattr(args, o) is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} only apply with --sampling")
+            verb = "applies" if len(given) == 1 else "apply"
+            raise ValueError(f"{', '.join(given)} only {verb} with --sampling")
     return config, tokenizer, graphdef, params, decode
 
 

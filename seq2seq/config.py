@@ -84,7 +84,7 @@ class TokenizerConfig:
       joint: one vocabulary for both languages, trained on both sides (``spm.model``); if
         false, a source and a target model, each trained on its own side
         (``spm.{src_lang}.model``, ``spm.{tgt_lang}.model``), which needs
-        ``model.share_embeddings=false``.
+        ``model.share_embeddings`` ``target`` or ``none``.
       model_file: an existing ``.model`` to use instead of training one (joint only).
       src_model_file / tgt_model_file: existing ``.model`` files for the source / target side
         (separate vocabularies only); an unset side is trained.
@@ -384,7 +384,12 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     try:
         return _merge(*layers)
     except ConfigError as e:
-        raise ConfigError(f"{path or 'overrides'}: {e}") from e
+        message = str(e)
+        for item in reversed(list(overrides)):  # the last override of a key is the one used
+            key = item.partition("=")[0].strip()
+            if f"(key: {key})" in message or message.startswith((f"{key} ", f"{key}=")):
+                raise ConfigError(f"override {item!r}: {message}") from e
+        raise ConfigError(f"{path or 'overrides'}: {message}") from e
 
 
 def replace(config: Any, **changes: Any) -> Any:

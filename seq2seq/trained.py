@@ -6,6 +6,7 @@ by the command line (``seq2seq-translate``, ``seq2seq-evaluate``, ``seq2seq-aver
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,13 +20,15 @@ from seq2seq.training.checkpoints import Checkpointer, CheckpointError
 from seq2seq.training.step import abstract_train_state
 from seq2seq.workdir import checkpoint_dir, checkpoint_steps, config_path
 
+log = logging.getLogger(__name__)
+
 
 def load_trained(workdir: str | Path, step: int | None = None) -> tuple[Config, TokenizerPair, Any, Any]:
     """Load a run's config, tokenizer and parameters for translation/evaluation.
 
     Args:
       workdir: a run directory written by training.
-      step: checkpoint step (default: the latest).
+      step: checkpoint step (default: ``default_step``, the one the run's test score used).
 
     Returns:
       ``(config, tokenizer, graphdef, params)``.
@@ -43,13 +46,25 @@ def load_trained(workdir: str | Path, step: int | None = None) -> tuple[Config, 
     graphdef, abstract_state = abstract_train_state(config)
     checkpointer = Checkpointer(checkpoint_dir(workdir), async_save=False)
     try:
-        step = checkpointer.latest_step() if step is None else step
+        step = default_step(checkpointer, config) if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {checkpoint_dir(workdir)}")
         state, _ = checkpointer.restore(abstract_state, step)
     finally:
         checkpointer.close()
+    log.info("%s: the checkpoint of step %d", workdir, step)
     return config, tokenizer, graphdef, state.params
+
+
+def default_step(checkpointer: Checkpointer, config: Config) -> int | None:
+    """The checkpoint a run's test score was decoded from: with ``train.test_checkpoint=best``
+    the best one by ``train.best_metric`` (recorded in the newest checkpoint's metadata) if it is
+    kept, else the newest; None when there is no checkpoint."""
+    latest = checkpointer.latest_step()
+    if latest is None or config.train.test_checkpoint != "best":
+        return latest
+    best = (checkpointer.metadata(latest).get("best") or {}).get("step")
+    return best if best in checkpointer.all_steps() else latest
 
 
 def average_checkpoints(workdir: str | Path, output: str | Path, *, steps: Sequence[int] | None = None,

@@ -29,5 +29,5 @@ def test_bad_value_is_named_before_any_work(tmp_path, capsys, overrides, message
     assert cli.train_main(tiny_overrides(corpus, workdir, *overrides)) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
-    assert not (workdir / "spm.model").exists() and not (workdir / "checkpoints").exists()
-    assert not (workdir / "config.yaml").exists()
+    assert not workdir.exists()  # no run directory, no train.log: nothing started
+    assert "config:" not in err  # refused before the resolved config is logged

@@ -1,5 +1,7 @@
 """Config loading: defaults, YAML, overrides, and errors that name the key."""
 
+import re
+
 import pytest
 
 from seq2seq.config import Config, ConfigError, load_config, save_config
@@ -41,3 +43,17 @@ def test_saved_config_round_trips(tmp_path):
     cfg = load_config(None, ["model.d_model=64", "tokenizer.user_defined_symbols=[<x>]"])
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == cfg
+
+
+def test_an_override_error_names_the_override_not_the_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {d_model: 64}\n")
+    for item, message in (("model.d_modle=64", "Did you mean: 'd_model'"),
+                          ("model.positions=absolute", "model.positions must be one of"),
+                          ("train.steps=abc", "could not be converted to Integer")):
+        with pytest.raises(ConfigError) as e:
+            load_config(path, [item])
+        assert str(e.value).startswith(f"override {item!r}: ") and message in str(e.value)
+    path.write_text("model: {d_modle: 64}\n")  # the file's own mistake names the file
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: Key 'd_modle'"):
+        load_config(path, ["train.steps=3"])

@@ -258,7 +258,10 @@ def test_chain(name, tmp_path, capsys):
 
     # evaluate: the run's own test split (read again in its format), and a file pair
     assert cli.evaluate_main(["--workdir", str(workdir)]) == 0, capsys.readouterr().err
-    assert f"{TEST} sentences in" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{TEST} sentences in" in out
+    # the checkpoint and the score of training's own test decode
+    assert f"BLEU = {summary['test_bleu']:.2f} " in out and f"chrF = {summary['test_chrf']:.2f} " in out
     refs = tmp_path / "ref.es"
     refs.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
     assert cli.evaluate_main(["--workdir", str(workdir), "--src", str(source), "--ref", str(refs),

@@ -293,6 +293,9 @@ def fit(config: Config, data: PreparedData, *, dev_bleu: DevBleu | None = None,
             log.info("resumed from step %d (%s)%s", progress.step, checkpoint_dir(workdir),
                      f"; dropped {writer.dropped} metric records written after it"
                      if writer.dropped else "")
+        if progress.step > tcfg.steps:
+            log.warning("the run is at step %d, past train.steps=%d: nothing to train (raise "
+                        "train.steps to go on)", progress.step, tcfg.steps)
         n_params = sum(x.size for x in jax.tree.leaves(state.params))
         log.info("model: %.2fM parameters; %d micro-batch(es) of %d rows x %d tokens per step",
                  n_params / 1e6, tcfg.grad_accum_steps, data.train.rows, data.train.max_len)
