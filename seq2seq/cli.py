@@ -62,7 +62,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(Path(config.workdir) if is_main_process() else None)  # one train.log
     logging.getLogger(__name__).info("config:\n%s", _yaml(config))
     try:
-        summary = train(config)
+        summary = train(config, checked=True)
     except Interrupted as e:
         print(str(e), file=sys.stderr)
         return 128 + e.signum  # 130 for SIGINT (Ctrl-C), 143 for SIGTERM

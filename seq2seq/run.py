@@ -37,7 +37,7 @@ __all__ = ["Interrupted", "TrainingDiverged", "check_run_config", "dev_bleu", "p
            "train"]
 
 
-def check_run_config(config: Config) -> Partitioner:
+def check_run_config(config: Config) -> None:
     """Every check that needs no data, run before any work starts (no file read or written).
 
     ``train`` (``check_train_config``), ``decode`` (``check_decode_config``), tokenizer and
@@ -45,9 +45,6 @@ def check_run_config(config: Config) -> Partitioner:
     model (built abstractly, nothing allocated, so shape errors surface here and not after
     training the tokenizer) and the mesh (its sizes, whole heads and FFN units per ``tensor``
     shard, batch rows divisible by ``data × fsdp``).
-
-    Returns:
-      The run's ``Partitioner``.
 
     Raises:
       ConfigError / MeshError / ValueError: the message names the key and value at fault.
@@ -76,8 +73,7 @@ def check_run_config(config: Config) -> Partitioner:
     abstract_train_state(replace(config, **{"model.vocab_size": vocab,
                                             "model.src_vocab_size": m.src_vocab_size or vocab}))
     partitioner = Partitioner.from_config(config)
-    partitioner.process_rows(max(1, d.max_tokens // d.max_len))  # rows split over data × fsdp
-    return partitioner
+    partitioner.process_rows(d.max_tokens // d.max_len)  # rows split over data × fsdp
 
 
 def dev_bleu(data: PreparedData, config: Config) -> DevBleu:
@@ -109,8 +105,10 @@ def _translate_and_score(translator: Translator, sources: list[str], references:
     return evaluation.score(hyps, references), hyps
 
 
-def prepare_run(config: Config) -> tuple[Config, PreparedData]:
+def prepare_run(config: Config, *, checked: bool = False) -> tuple[Config, PreparedData]:
     """Check the config, create the workdir, prepare the data and write ``config.yaml``.
+
+    ``checked``: the caller already ran ``check_run_config`` (it is not run twice).
 
     Returns:
       The config with ``model.vocab_size`` filled in from the tokenizer, and the data.
@@ -121,7 +119,8 @@ def prepare_run(config: Config) -> tuple[Config, PreparedData]:
         ``seq2seq.data.pipeline.prepare``).
     """
     initialize_distributed(config.distributed)  # no-op for a single process; before devices
-    check_run_config(config)
+    if not checked:  # seq2seq-train checks before it sets up its log
+        check_run_config(config)
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     with main_process_first("prepare"):  # the tokenizer is trained once, then loaded
@@ -132,8 +131,9 @@ def prepare_run(config: Config) -> tuple[Config, PreparedData]:
     return config, data
 
 
-def train(config: Config) -> dict[str, Any]:
-    """Train (or resume) the run described by ``config``, then evaluate on the test split.
+def train(config: Config, *, checked: bool = False) -> dict[str, Any]:
+    """Train (or resume) the run described by ``config``, then evaluate on the test split
+    (``checked``: as in ``prepare_run``).
 
     Writes ``test.hyp``, ``test.json`` (the summary below) and ``summary.md`` to the workdir.
 
@@ -151,7 +151,7 @@ def train(config: Config) -> dict[str, Any]:
       CheckpointError: the existing checkpoint does not match the configured model.
     """
     wall_start = time.perf_counter()
-    config, data = prepare_run(config)
+    config, data = prepare_run(config, checked=checked)
     workdir = Path(config.workdir)
     try:
         result = fit(config, data, dev_bleu=dev_bleu(data, config))
