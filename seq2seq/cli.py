@@ -206,29 +206,15 @@ def _translator(args, config, tokenizer, graphdef, params, decode):
 
 
 def _read_lines(path: str | None) -> list[str]:
-    """Lines of a UTF-8 file (or standard input for None / ``-``), without line endings.
+    """Lines of a file or standard input (None / ``-``), read as the training loaders read
+    them (``seq2seq.data.sources.read_lines``: no byte-order mark, CRLF or LF).
 
     Raises:
-      ValueError: a line is not valid UTF-8 (the message names the file, line and byte).
-      FileNotFoundError: no such file.
+      DataError (a ValueError): unreadable file or invalid UTF-8 (names the file and line).
     """
-    if path in (None, "-"):
-        data = sys.stdin.buffer.read()
-        name = "<stdin>"
-    else:
-        data = Path(path).read_bytes()
-        name = path
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    out = []
-    for i, raw in enumerate(lines, start=1):
-        try:
-            out.append(raw.decode("utf-8").removesuffix("\r"))
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{name}, line {i}: not valid UTF-8 ({e.reason} at byte "
-                             f"{e.start + 1})") from e
-    return out
+    from seq2seq.data.sources import read_lines
+
+    return read_lines(path)
 
 
 def translate_main(argv: Sequence[str] | None = None) -> int:

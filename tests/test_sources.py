@@ -136,7 +136,24 @@ def test_text_empty_pairs_are_skipped_counted_and_logged(tmp_path, caplog):
         ds = load_parallel(SourceConfig(format="text", path=prefix), "en", "es", split_name="dev")
     assert pairs(ds) == [("one", "uno"), ("four", "cuatro"), ("six", "seis")]
     [record] = [r for r in caplog.records if "skipped" in r.getMessage()]
-    assert "dev: skipped 3 of 6 pairs" in record.getMessage()
+    where = f"{prefix}.{{en,es}}"
+    assert record.getMessage() == (f"dev: skipped 3 of 6 pairs with an empty source or target "
+                                   f"({where}): {prefix}.en:2, {prefix}.es:3, {prefix}.en:5")
+
+
+def test_skipped_pairs_are_named_first_few_in_the_warning_all_in_the_list(tmp_path, caplog):
+    en = [f"s{i}" if i % 2 else "" for i in range(20)]  # 10 empty sources: lines 1, 3, ..., 19
+    prefix = text_corpus(tmp_path, lines(en), lines([f"t{i}" for i in range(20)]))
+    skipped = []
+    with caplog.at_level(logging.WARNING, logger="seq2seq.data.sources"):
+        load_parallel(SourceConfig(format="text", path=prefix), "en", "es", skipped=skipped)
+    assert skipped == [f"{prefix}.en:{line}" for line in range(1, 20, 2)]
+    [message] = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert message.endswith(f": {', '.join(skipped[:sources.SKIPPED_NAMED])} and 5 more")
+    tsv = write(tmp_path / "c.tsv", "en\tes\na\tb\n\tc\n")
+    skipped = []
+    load_parallel(SourceConfig(format="tsv", path=str(tsv)), "en", "es", skipped=skipped)
+    assert skipped == [f"{tsv}:3 (source column)"]
 
 
 def test_text_whitespace_is_stripped(tmp_path):
@@ -158,6 +175,11 @@ def test_text_missing_file(tmp_path):
     write(tmp_path / "c.en", lines(EN))
     with pytest.raises(DataError, match=r"file not found: .*c\.es \(nor c\.es\.gz\)"):
         load_parallel(SourceConfig(format="text", path=str(tmp_path / "c")), "en", "es")
+    write(tmp_path / "c.fr.gz", lines(EN))  # a language the corpus has not: name the ones it has
+    with pytest.raises(DataError, match=r"dev: file not found: .*c\.de \(nor c\.de\.gz\) for "
+                                         r"language 'de'; languages found for .*c: en, fr$"):
+        load_parallel(SourceConfig(format="text", path=str(tmp_path / "c")), "en", "de",
+                      split_name="dev")
 
 
 def test_text_empty_files_and_all_empty_pairs(tmp_path):
@@ -279,7 +301,21 @@ def test_jsonl_translation_convention_and_flat(tmp_path):
 def test_jsonl_missing_key_in_one_row_names_the_line(tmp_path):
     path = write(tmp_path / "c.jsonl", '{"translation": {"en": "a", "es": "b"}}\n\n'
                                        '{"translation": {"en": "c"}}\n')
-    with pytest.raises(DataError, match=r"c\.jsonl:3 \(target\): missing"):
+    with pytest.raises(DataError, match=r"c\.jsonl:3: missing key 'translation\.es' "
+                                         r"\(the row has: en\)$"):
+        load_parallel(SourceConfig(format="jsonl", path=str(path)), "en", "es")
+    # rows of different keys (datasets reads them as JSON objects): the row names its keys,
+    # and a language no row has names the keys the rows have
+    path = write(tmp_path / "d.jsonl", '{"translation": {"en": "a", "es": "b"}}\n'
+                                       '{"translation": {"en": "c", "fr": "d"}}\n')
+    with pytest.raises(DataError, match=r"d\.jsonl:2: missing key 'translation\.es' "
+                                         r"\(the row has: en, fr\)$"):
+        load_parallel(SourceConfig(format="jsonl", path=str(path)), "en", "es")
+    with pytest.raises(DataError, match=r"d\.jsonl: no row has key 'translation\.de' "
+                                         r"\(keys seen: en, es, fr\)$"):
+        load_parallel(SourceConfig(format="jsonl", path=str(path)), "en", "de")
+    path = write(tmp_path / "e.jsonl", '{"en": "a", "es": "b"}\n{"en": "c", "fr": "d"}\n')
+    with pytest.raises(DataError, match=r"e\.jsonl:2: missing key 'es' \(the row has: en, fr\)$"):
         load_parallel(SourceConfig(format="jsonl", path=str(path)), "en", "es")
 
 

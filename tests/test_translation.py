@@ -322,10 +322,10 @@ def test_translate_command_names_the_bad_line(run, monkeypatch, capsys):
     (run / "bad.txt").write_bytes("ok\nstill ok\n".encode() + b"caf\xe9\n")
     assert cli.translate_main(["--workdir", "RUN", "--input", str(run / "bad.txt")]) == 2
     err = capsys.readouterr().err
-    assert f"{run / 'bad.txt'}, line 3: not valid UTF-8" in err and "byte 4" in err
+    assert f"{run / 'bad.txt'}:3: invalid UTF-8 (byte 0xe9 at byte 4 of the line)" in err
     stdin(monkeypatch, b"\xff\n")
     assert cli.translate_main(["--workdir", "RUN"]) == 2
-    assert "<stdin>, line 1: not valid UTF-8" in capsys.readouterr().err
+    assert "<stdin>:1: invalid UTF-8 (byte 0xff at byte 1 of the line)" in capsys.readouterr().err
 
 
 def test_translate_command_long_lines(run, capsys):

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import glob
 import gzip
 import io
 import json
 import logging
 import os
 import re
+import sys
 import zlib
 from pathlib import Path
 from typing import Callable
@@ -44,6 +46,7 @@ from seq2seq.config import SourceConfig
 logger = logging.getLogger(__name__)
 
 FORMATS = ("text", "tsv", "csv", "jsonl", "hub", "disk")
+SKIPPED_NAMED = 5  # skipped pairs named in the warning (all of them go to ``skipped``)
 _STRING_FEATURES = (Value("string"), Value("large_string"))
 
 # Locates row ``i`` of column ``"source"``/``"target"`` for an error message ("file:line").
@@ -55,7 +58,7 @@ class DataError(ValueError):
 
 
 def load_parallel(source: SourceConfig, src_lang: str, tgt_lang: str, *, skip_empty: bool = True,
-                  split_name: str = "train") -> Dataset:
+                  split_name: str = "train", skipped: list[str] | None = None) -> Dataset:
     """Load one split of a parallel corpus, in the direction ``src_lang`` → ``tgt_lang``.
 
     Args:
@@ -68,8 +71,12 @@ def load_parallel(source: SourceConfig, src_lang: str, tgt_lang: str, *, skip_em
         ``translation`` struct, else columns named by the language codes).
       src_lang / tgt_lang: language codes, e.g. ``"en"``, ``"es"``.
       skip_empty: drop pairs whose source or target is empty after stripping whitespace,
-        logging how many (a warning naming ``split_name``); if false such a pair is an error.
+        logging how many and where (a warning naming ``split_name`` and the first
+        ``SKIPPED_NAMED`` as ``file:line``); if false such a pair is an error.
       split_name: the split's role (``train``/``dev``/``test``), for messages only.
+      skipped: if given, the place of every skipped pair (``file:line`` of its empty side;
+        ``file:line (column)`` for tsv/csv/jsonl, ``dataset: row i (column)`` for hub/disk)
+        is appended to it, in file order.
 
     Returns:
       A ``datasets.Dataset`` with exactly two string columns, ``source`` and ``target``;
@@ -102,7 +109,8 @@ def load_parallel(source: SourceConfig, src_lang: str, tgt_lang: str, *, skip_em
     else:
         raise DataError(f"{split_name}: unknown source format {fmt!r} (expected one of "
                         f"{', '.join(FORMATS)})")
-    ds = _clean(ds, locate, skip_empty=skip_empty, split_name=split_name, where=where)
+    ds = _clean(ds, locate, skip_empty=skip_empty, split_name=split_name, where=where,
+                skipped=skipped)
     logger.info("%s: %d pairs %s→%s from %s", split_name, len(ds), src_lang, tgt_lang, where)
     return ds
 
@@ -143,32 +151,60 @@ def _existing(path: str) -> Path:
     raise DataError(f"file not found: {p} (nor {gz.name})")
 
 
-def _read_checked(path: Path) -> str:
-    """The file's text, decoded and checked; gzip if the name ends in ``.gz``.
+def decode_text(data: bytes, name: str | Path) -> str:
+    """UTF-8 ``data`` as text without a leading byte-order mark.
 
-    Returns the text without a leading byte-order mark. Raises DataError for an unreadable
-    or corrupt file, invalid UTF-8 or a ``\\r`` not followed by ``\\n`` (file:line).
+    Raises DataError for invalid UTF-8, naming ``name``, the 1-based line and the byte.
     """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(f"{name}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte "
+                        f"{column} of the line)") from None
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped if the name ends in ``.gz``; DataError if unreadable."""
     try:
         data = path.read_bytes()
         if path.suffix == ".gz":
             data = gzip.decompress(data)
     except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
         raise DataError(f"{path}: cannot read: {e}") from e
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise DataError(f"{path}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte "
-                        f"{column} of the line)") from None
+    return data
+
+
+def _read_checked(path: Path) -> str:
+    """The file's text (``decode_text``), gzip if the name ends in ``.gz``.
+
+    Raises DataError for an unreadable or corrupt file, invalid UTF-8 or a ``\\r`` not
+    followed by ``\\n`` (file:line).
+    """
+    data = _read_bytes(path)
+    text = decode_text(data, path)
     if data.count(b"\r") != data.count(b"\r\n"):
         at = re.search(r"\r(?!\n)", text).start()
         line = text.count("\n", 0, at) + 1
         raise DataError(f"{path}:{line}: carriage return (\\r) inside a line; datasets would "
                         "read it as a line break and misalign the pairs (use \\n or \\r\\n "
                         "line ends)")
-    return text[1:] if text.startswith("\ufeff") else text
+    return text
+
+
+def read_lines(path: str | Path | None) -> list[str]:
+    """Lines of a UTF-8 file, ``.gz`` or standard input (None or ``-``), as the training
+    loaders read them: no byte-order mark, ``\\n`` ends a line, the ``\\r`` of CRLF dropped.
+    Lines are not stripped; a lone ``\\r`` stays inside its line.
+
+    Raises:
+      DataError: the file cannot be read, or invalid UTF-8 (the message names file and line).
+    """
+    if path in (None, "-"):
+        return _split_lines(decode_text(sys.stdin.buffer.read(), "<stdin>"))
+    return _split_lines(decode_text(_read_bytes(Path(path)), path))
 
 
 def _split_lines(text: str) -> list[str]:
@@ -215,6 +251,14 @@ def _hf_load(builder: str, path: Path, **kwargs) -> Dataset:
 
 def _load_text(source: SourceConfig, src_lang: str, tgt_lang: str,
                split_name: str) -> tuple[Dataset, Locator]:
+    for lang in (src_lang, tgt_lang):
+        if not any(Path(f"{source.path}.{lang}{gz}").is_file() for gz in ("", ".gz")):
+            prefix = Path(source.path)
+            found = sorted({f.name[len(prefix.name) + 1:].removesuffix(".gz")
+                            for f in prefix.parent.glob(glob.escape(prefix.name) + ".*")})
+            raise DataError(f"{split_name}: file not found: {prefix}.{lang} (nor "
+                            f"{prefix.name}.{lang}.gz) for language {lang!r}; languages "
+                            f"found for {prefix}: {', '.join(found) or 'none'}")
     files = [_existing(f"{source.path}.{lang}") for lang in (src_lang, tgt_lang)]
     counts = [_count_lines(_read_checked(f)) for f in files]
     if counts[0] != counts[1]:
@@ -313,8 +357,28 @@ def _load_delimited(source: SourceConfig, src_lang: str, tgt_lang: str,
     return ds, lambda column, i: f"{path}:{start(i + offset)} ({column} column)"
 
 
-def _jsonl_problem(text: str, keys: list[tuple[str, ...]]) -> tuple[int, str] | None:
-    """First line (1-based) that is not an object with a string at one of the ``keys``."""
+def _parent_keys(row: object, key: tuple[str, ...]) -> list[str] | None:
+    """The keys of the object that should hold ``key[-1]`` in ``row`` (None: no such object)."""
+    for part in key[:-1]:
+        row = row.get(part) if isinstance(row, dict) else None
+    return list(row) if isinstance(row, dict) else None
+
+
+def _missing_key(text: str, number: int, key: tuple[str, ...]) -> tuple[int | None, str]:
+    """Line ``number`` lacks ``key``: (number, the keys it has), or (None, the keys the rows
+    have) when no row has ``key`` (a language code that the file does not hold)."""
+    rows = [json.loads(line) for line in text.split("\n") if line.strip()]
+    if not any(key[-1] in (_parent_keys(r, key) or ()) for r in rows):
+        seen = sorted({k for r in rows for k in (_parent_keys(r, key) or ())})
+        return None, f"no row has key {'.'.join(key)!r} (keys seen: {', '.join(seen) or 'none'})"
+    has = _parent_keys(json.loads(text.split("\n")[number - 1]), key)
+    return number, (f"missing key {'.'.join(key)!r} (the row has: "
+                    f"{', '.join(has) if has is not None else 'no ' + repr(key[0]) + ' object'})")
+
+
+def _jsonl_problem(text: str, keys: list[tuple[str, ...]]) -> tuple[int | None, str] | None:
+    """First line (1-based) that is not an object with a string at one of the ``keys``, and
+    why (line None: no row has the key)."""
     for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
@@ -326,7 +390,7 @@ def _jsonl_problem(text: str, keys: list[tuple[str, ...]]) -> tuple[int, str] | 
             value = row
             for part in key:
                 if not isinstance(value, dict) or part not in value:
-                    return number, f"missing key {'.'.join(key)!r}"
+                    return _missing_key(text, number, key)
                 value = value[part]
             if not isinstance(value, str):
                 return number, f"key {'.'.join(key)!r} is {json.dumps(value)}, not a string"
@@ -344,7 +408,7 @@ def _load_jsonl(source: SourceConfig, src_lang: str,
     def fail(keys: list[tuple[str, ...]], fallback: str) -> DataError:
         found = _jsonl_problem(text, keys)
         if found:
-            return DataError(f"{path}:{found[0]}: {found[1]}")
+            return DataError(f"{path}{'' if found[0] is None else f':{found[0]}'}: {found[1]}")
         return DataError(f"{path}: {fallback}")
 
     try:
@@ -376,6 +440,8 @@ def _load_jsonl(source: SourceConfig, src_lang: str,
         if ds.features[column] not in _STRING_FEATURES:
             raise fail(keys, f"key {column!r} holds {ds.features[column]}, not strings")
     ds = _rename(ds.select_columns(columns), *columns)
+    if any(ds.with_format("arrow")[c].null_count for c in ("source", "target")):
+        raise fail(keys, "a null sentence")  # a missing key reads as null: name the row
     return ds, lambda column, i: f"{path}:{line_of[i]} ({column})"
 
 
@@ -463,8 +529,8 @@ def _strip_and_drop_empty(batch: pa.Table) -> pa.Table:
     return pa.table({"source": source, "target": target}).filter(keep)
 
 
-def _clean(ds: Dataset, locate: Locator, *, skip_empty: bool, split_name: str,
-           where: str) -> Dataset:
+def _clean(ds: Dataset, locate: Locator, *, skip_empty: bool, split_name: str, where: str,
+           skipped: list[str] | None = None) -> Dataset:
     table = ds.with_format("arrow")[:]
     changed = False
     empty = None
@@ -485,8 +551,15 @@ def _clean(ds: Dataset, locate: Locator, *, skip_empty: bool, split_name: str,
         ds = ds.with_format("arrow").map(_strip_and_drop_empty, batched=True,
                                          desc=f"Cleaning {split_name}").with_format(None)
     if n_empty:
-        logger.warning("%s: skipped %d of %d pairs with an empty source or target (%s)",
-                       split_name, n_empty, len(table), where)
+        source_empty = pc.equal(pc.utf8_length(_strip(table["source"])), 0).to_pylist()
+        places = [locate("source" if source_empty[i] else "target", i)
+                  for i in pc.indices_nonzero(empty).to_pylist()]
+        if skipped is not None:
+            skipped.extend(places)
+        more = f" and {n_empty - SKIPPED_NAMED} more" if n_empty > SKIPPED_NAMED else ""
+        logger.warning("%s: skipped %d of %d pairs with an empty source or target (%s): %s%s",
+                       split_name, n_empty, len(table), where,
+                       ", ".join(places[:SKIPPED_NAMED]), more)
     if len(ds) == 0:
         raise DataError(f"{split_name}: no pairs left in {where}")
     return ds
