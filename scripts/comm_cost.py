@@ -1,6 +1,6 @@
 """Bytes communicated per train step for a few meshes, read from the compiled program.
 
-Compiles the real sharded train step (``seq2seq.sharding.Partitioner.jit_train_step``) for
+Compiles the real sharded train step (``seq2seq.training.step.sharded_train_step``) for
 each mesh on fake CPU devices (``--xla_force_host_platform_device_count``; nothing runs, the
 inputs are abstract) and sums, over the collectives in the partitioned HLO, the bytes of their
 operands on one device: ``all-reduce``, ``all-gather``, ``reduce-scatter``, ``all-to-all`` and
@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 from seq2seq.config import Config, MeshConfig, load_config, replace  # noqa: E402
 from seq2seq.data.batching import FIELDS  # noqa: E402
 from seq2seq.sharding import MeshError, Partitioner, check_model, make_mesh  # noqa: E402
-from seq2seq.training.step import make_optimizer, train_step  # noqa: E402
+from seq2seq.training.step import make_optimizer, sharded_train_step  # noqa: E402
 from seq2seq.training.step import abstract_train_state  # noqa: E402
 
 MESHES = ((8, 1, 1), (1, 8, 1), (2, 4, 1), (2, 2, 2), (2, 1, 4), (1, 1, 8))
@@ -115,9 +115,8 @@ def measure(config: Config, shape: tuple[int, int, int]) -> dict:
     p = Partitioner(make_mesh(MeshConfig(*shape)))
     check_model(config.model, p.mesh)
     shardings = p.shardings(abstract)
-    step = p.jit_train_step(train_step, shardings, graphdef=graphdef,
-                            tx=make_optimizer(config.train), bos_id=2,
-                            label_smoothing=config.train.label_smoothing)
+    step = sharded_train_step(p, shardings, graphdef, make_optimizer(config.train), bos_id=2,
+                              label_smoothing=config.train.label_smoothing)
     rows, length = config.data.max_tokens // config.data.max_len, config.data.max_len
     batch = {k: jax.ShapeDtypeStruct((rows, length), np.int32, sharding=p.batch_sharding)
              for k in FIELDS}

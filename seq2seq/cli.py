@@ -233,7 +233,9 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
         config, tokenizer, graphdef, params, decode = _load(args)
         translator = _translator(args, config, tokenizer, graphdef, params, decode)
         results = translator.translate(lines, nbest=args.nbest,
-                                       progress=args.input not in (None, "-"))
+                                       progress=args.input not in (None, "-"),
+                                       source=args.input if args.input not in (None, "-")
+                                       else "<stdin>")
     except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
     if args.nbest == 1:
@@ -259,6 +261,9 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--src", help="source file, one sentence per line")
     parser.add_argument("--ref", help="reference file, aligned with --src")
     parser.add_argument("--output", help="write hypotheses here")
+    parser.add_argument("--allow-pieces", action="store_true",
+                        help="score a --ref file whose lines contain SentencePiece pieces ('▁') "
+                        "as it is, with a warning (default: refuse it)")
     args = parser.parse_args(argv)
     if (args.src is None) != (args.ref is None):
         return _fail("give both --src and --ref, or neither (to use the run's test split)")
@@ -271,6 +276,9 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
             sources, refs = _read_lines(args.src), _read_lines(args.ref)
             if len(sources) != len(refs):
                 return _fail(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
+            pieces = evaluation.pieces_message(args.ref, refs)
+            if pieces and not args.allow_pieces:
+                return _fail(f"{pieces}; or pass --allow-pieces to score them as they are")
         config, tokenizer, graphdef, params, decode = _load(args)
         if not args.src:
             ds = load_parallel(config.data.test, config.data.src_lang, config.data.tgt_lang,
@@ -278,9 +286,10 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
             sources, refs = list(ds["source"]), list(ds["target"])
         translator = _translator(args, config, tokenizer, graphdef, params, decode)
         start = time.perf_counter()
-        hyps = [h[0].text for h in translator.translate(sources, progress=True)]
+        hyps = [h[0].text for h in translator.translate(sources, progress=True,
+                                                        source=args.src)]
         seconds = max(time.perf_counter() - start, 1e-9)
-        scores = evaluation.score(hyps, refs)
+        scores = evaluation.score(hyps, refs, names=("hypotheses", args.ref or "test references"))
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     except (ValueError, OSError, RuntimeError) as e:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
 import sacrebleu
+
+log = logging.getLogger(__name__)
+
+# SentencePiece's word-boundary mark (U+2581): in a line, a sign that it is still pieces
+PIECE_MARK = "\u2581"
 
 
 @dataclass(frozen=True)
@@ -29,8 +35,29 @@ class Scores:
                 f"chrF = {self.chrf:.2f} ({self.chrf_signature})")
 
 
-def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
+def piece_lines(lines: Sequence[str]) -> list[int]:
+    """1-based numbers of the lines that contain SentencePiece's ``▁`` (U+2581), i.e. look
+    like pieces (``spm_encode`` output) rather than detokenized text."""
+    return [i for i, line in enumerate(lines, 1) if PIECE_MARK in line]
+
+
+def pieces_message(name: str, lines: Sequence[str]) -> str | None:
+    """What ``piece_lines`` found in ``lines`` (called ``name``), or None when nothing."""
+    found = piece_lines(lines)
+    if not found:
+        return None
+    return (f"{name}: {len(found)} of {len(lines)} lines contain SentencePiece pieces "
+            f"('{PIECE_MARK}', first on line {found[0]}); BLEU and chrF are meant for "
+            "detokenized text (decode the pieces, e.g. with spm_decode)")
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str], *,
+          names: tuple[str, str] = ("hypotheses", "references")) -> Scores:
     """Score detokenized hypotheses against one reference each (sacreBLEU defaults: 13a, cased).
+
+    A side whose lines contain SentencePiece pieces (``piece_lines``) is scored as it is,
+    with a warning naming it (``names``: hypotheses' and references' names, e.g. files) and
+    the number of such lines.
 
     Raises:
       ValueError: the two lists differ in length or are empty.
@@ -38,6 +65,10 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
     if len(hypotheses) != len(references) or not hypotheses:
         raise ValueError(f"need as many hypotheses as references (> 0): got {len(hypotheses)} "
                          f"hypotheses and {len(references)} references")
+    for name, lines in zip(names, (hypotheses, references)):
+        message = pieces_message(name, lines)
+        if message:
+            log.warning("%s", message)
     bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
     b = bleu.corpus_score(list(hypotheses), [list(references)])
     c = chrf.corpus_score(list(hypotheses), [list(references)])

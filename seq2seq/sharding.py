@@ -10,7 +10,7 @@ holds which logical axis.
 * ``fsdp``: batch rows split, and parameters and optimizer state stored split along ``embed``
   (ZeRO-3 storage, Rajbhandari et al. 2020): each device keeps 1/fsdp of the parameters and
   of the Adam moments and updates only its part. Inside a step the parameters are all-gathered
-  over ``fsdp`` where they are used (``gathered``), and their gradients are summed over the
+  over ``fsdp`` where they are used (``compute_layout``), and their gradients are summed over the
   batch shards; without that constraint XLA tends to split the matmuls along ``embed`` instead
   and moves activations, which costs several times more (``scripts/comm_cost.py``).
 * ``tensor``: Megatron-style (Shoeybi et al. 2019): Q/K/V columns and output-projection rows
@@ -29,7 +29,9 @@ Usage (what ``seq2seq.training.loop`` does)::
     p = Partitioner.from_config(config)
     graphdef, abstract = abstract_train_state(config)
     state = p.init_state(init_fn, abstract)  # or: checkpointer.restore(p.abstract(abstract))
-    step = p.jit_train_step(train_step, p.shardings(abstract), graphdef=graphdef, ...)
+    shardings = p.shardings(abstract)
+    train_step = make_train_step(graphdef, tx, ..., param_layout=p.compute_layout(shardings.params))
+    step = p.jit(train_step, shardings, out_shardings=(shardings, p.replicated), donate=True)
     state, metrics = step(state, p.shard_batch(numpy_batch))
 """
 
@@ -293,7 +295,6 @@ class Partitioner:
         self.batch_sharding = NamedSharding(mesh, P(dict(rules)["batch"]))
         self.replicated = NamedSharding(mesh, P())
         self.batch_shards = math.prod(mesh.shape[a] for a in self.batch_sharding.spec[0])
-        self._cache: dict[tuple, Callable] = {}
 
     @classmethod
     def from_config(cls, config) -> "Partitioner":
@@ -306,6 +307,12 @@ class Partitioner:
         mesh = make_mesh(config.mesh)
         check_model(config.model, mesh)
         return cls(mesh)
+
+    @classmethod
+    def single_device(cls) -> "Partitioner":
+        """A mesh of this process's first device (everything on one device)."""
+        return cls(jax.make_mesh((1, 1, 1), MESH_AXES, axis_types=(AxisType.Auto,) * 3,
+                                 devices=jax.local_devices()[:1]))
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{a}={n}" for a, n in self.mesh.shape.items())
@@ -409,9 +416,10 @@ class Partitioner:
                     sharding, np.take(np.asarray(v), rows, axis=row_axis), np.shape(v))
                 for k, v in batch.items()}
 
-    def gathered(self, shardings: Any) -> Any:
-        """The compute layout of parameters: ``shardings`` with ``fsdp`` removed (gathered),
-        tensor parallelism kept."""
+    def compute_layout(self, shardings: Any) -> Any:
+        """The layout parameters compute in: ``shardings`` with ``fsdp`` removed (gathered),
+        tensor parallelism kept. The steps constrain their parameters to it once per call
+        (``param_layout`` of ``make_train_step``), not in every layer or loop step."""
         def drop(sharding):
             spec = [tuple(a for a in (e if isinstance(e, tuple) else (e,)) if a != "fsdp")
                     if e is not None else () for e in sharding.spec]
@@ -420,64 +428,25 @@ class Partitioner:
 
         return jax.tree.map(drop, shardings)
 
-    # compiled steps ----------------------------------------------------------------------
-    def _compiled(self, kind: str, fn: Callable, static: dict, build: Callable[[], Callable]):
-        # One executable per (kind, function, static arguments), so callers may ask each time;
-        # the shardings need no key: they follow from the static graphdef, mesh and rules.
-        key = (kind, fn, tuple(sorted(static.items())))
-        if key not in self._cache:
-            self._cache[key] = build()
-        return self._cache[key]
+    # compiling a step --------------------------------------------------------------------
+    def jit(self, fn: Callable, shardings: Any, *, row_axis: int = 0, out_shardings: Any = None,
+            donate: bool = False) -> Callable:
+        """``fn(x, rows)`` compiled over the mesh: the one way a step is compiled here.
 
-    def jit_train_step(self, step_fn: Callable, state_shardings: Any, row_axis: int = 0,
-                       **static) -> Callable:
-        """``step_fn(state, batch, **static) → (state, metrics)`` compiled over the mesh.
-
-        ``state`` is a ``TrainState`` (its ``params`` are gathered over ``fsdp`` for the
-        forward and backward passes). It comes in and goes out with ``state_shardings`` (so
-        every step reuses one executable and the optimizer state stays sharded like the
-        parameters) and is donated;
-        the batch is split by rows (its axis ``row_axis``: 1 for micro-batches
-        ``[accum, rows, length]``); the metrics (scalars) come out replicated, readable on every
-        process without a gather. Cached per ``(step_fn, row_axis, static)``.
+        Args:
+          fn: a pure function of ``x`` (parameters or a ``TrainState``) and ``rows`` (a pytree
+            of arrays whose axis ``row_axis`` holds batch rows or sentences).
+          shardings: the shardings ``x`` comes in with (``shardings(x)``).
+          row_axis: the rows' axis, split over ``data × fsdp`` (1 for micro-batches
+            ``[accum, rows, length]``).
+          out_shardings: the outputs' shardings; default: replicated, so every process reads
+            them without a gather (metrics, token ids, scores).
+          donate: donate ``x`` (a train state updated in place).
         """
-        gathered = self.gathered(state_shardings.params)
+        return jax.jit(fn, in_shardings=(shardings, self.rows_sharding(row_axis)),
+                       out_shardings=self.replicated if out_shardings is None else out_shardings,
+                       donate_argnums=(0,) if donate else ())
 
-        def step(state, batch):
-            params = jax.lax.with_sharding_constraint(state.params, gathered)
-            return step_fn(state.replace(params=params), batch, **static)
-
-        return self._compiled(f"train{row_axis}", step_fn, static, lambda: jax.jit(
-            step, in_shardings=(state_shardings, self.rows_sharding(row_axis)),
-            out_shardings=(state_shardings, self.replicated), donate_argnums=0))
-
-    def jit_eval_step(self, eval_fn: Callable, param_shardings: Any, **static) -> Callable:
-        """``eval_fn(params, batch, **static) → metrics`` compiled over the mesh (metrics
-        replicated). Cached per ``(eval_fn, static)``."""
-        gathered = self.gathered(param_shardings)
-
-        def step(params, batch):
-            return eval_fn(jax.lax.with_sharding_constraint(params, gathered), batch, **static)
-
-        return self._compiled("eval", eval_fn, static, lambda: jax.jit(
-            step, in_shardings=(param_shardings, self.batch_sharding),
-            out_shardings=self.replicated))
-
-    def jit_decode(self, decode_fn: Callable, param_shardings: Any, **static) -> Callable:
-        """``decode_fn(params, *rows, **static)`` compiled over the mesh, called as
-        ``f(params, rows)`` with ``rows`` a tuple of arrays whose leading axis is the sentence.
-
-        Sentences are split like batch rows; the outputs (token ids, scores) are replicated so
-        every process can read them. Cached per ``(decode_fn, static)``.
-        """
-        gathered = self.gathered(param_shardings)
-
-        def call(params, rows):  # parameters gathered over fsdp once, not in every loop step
-            return decode_fn(jax.lax.with_sharding_constraint(params, gathered), *rows, **static)
-
-        return self._compiled("decode", decode_fn, static, lambda: jax.jit(
-            call, in_shardings=(param_shardings, self.batch_sharding),
-            out_shardings=self.replicated))
 
 if __name__ == "__main__":
     print(format_rules())

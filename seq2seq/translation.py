@@ -8,8 +8,8 @@ all-whitespace) line gives one empty hypothesis without decoding. Sources longer
 
 Decoding is beam search, greedy search (beam 1) or sampling (``seq2seq/decoding.py`` has the
 rules). Sampling is seeded per line (``sentence_keys(seed, line_index)``), so a line's samples do
-not depend on the batching or on the other lines. With a ``jax.sharding.Mesh`` that has a
-``data`` axis, each batch is split over that axis and the parameters are replicated.
+not depend on the batching or on the other lines. Decoding runs on a ``Partitioner``'s mesh (one
+device by default): sentences split over ``data × fsdp``, parameters placed by the rules.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
 from seq2seq.config import DecodeConfig
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.decoding import (LENGTH_PENALTIES, beam_search_jit, check_sampling,
                               greedy_search_jit, length_penalty, sample_jit, sentence_keys)
+from seq2seq.sharding import Partitioner
 
 log = logging.getLogger(__name__)
 
@@ -98,39 +98,33 @@ class Translator:
       max_src_len: source limit in tokens, EOS included (≥ 2).
       on_long: a longer source is ``truncate``-d to its first ``max_src_len - 1`` tokens plus
         EOS (with a warning naming the line) or makes ``translate`` ``reject`` the input.
-      mesh: optional ``jax.sharding.Mesh`` with a ``data`` axis: batch rows are split over it
-        (row counts rounded up to a multiple of its size) and the parameters replicated.
-      partitioner: decode over the training mesh (``seq2seq.sharding.Partitioner``):
-        parameters sharded by its rules, sentences split over ``data × fsdp`` (row counts
-        rounded up to a multiple of it), results replicated to every process. Overrides
-        ``mesh``.
+      partitioner: the mesh to decode on (``seq2seq.sharding.Partitioner``; default: this
+        process's first device): parameters placed by its rules, sentences split over
+        ``data × fsdp`` (row counts rounded up to a multiple of it), results replicated to
+        every process.
 
     Raises:
-      ValueError: invalid ``config`` (``check_decode_config``), ``max_src_len`` < 2, unknown
-        ``on_long``, or a mesh without a ``data`` axis.
+      ValueError: invalid ``config`` (``check_decode_config``), ``max_src_len`` < 2 or unknown
+        ``on_long``.
     """
 
     def __init__(self, graphdef: Any, params: Any, tokenizer: Tokenizer, config: DecodeConfig,
-                 max_src_len: int = 256, *, on_long: str = "truncate", mesh: Mesh | None = None,
-                 partitioner: Any = None):
+                 max_src_len: int = 256, *, on_long: str = "truncate",
+                 partitioner: Partitioner | None = None):
         check_decode_config(config)
         if max_src_len < 2:
             raise ValueError(f"max_src_len must be ≥ 2 (a token and EOS), got {max_src_len}")
         if on_long not in ON_LONG:
             raise ValueError(f"on_long must be one of {', '.join(ON_LONG)}, got {on_long!r}")
-        if mesh is not None and "data" not in mesh.axis_names:
-            raise ValueError(f"the mesh needs a 'data' axis, it has {mesh.axis_names}")
         self.graphdef, self.tokenizer, self.config = graphdef, tokenizer, config
-        self.max_src_len, self.on_long, self.mesh = max_src_len, on_long, mesh
-        self.partitioner = partitioner
-        if partitioner is not None:
-            self._param_shardings = partitioner.shardings(params)
-            self.params = partitioner.place(params)
-        else:
-            self.params = params if mesh is None else jax.device_put(params, NamedSharding(mesh, P()))
+        self.max_src_len, self.on_long = max_src_len, on_long
+        self.partitioner = partitioner or Partitioner.single_device()
+        self._param_shardings = self.partitioner.shardings(params)
+        self.params = self.partitioner.place(params)
+        self._compiled: dict[tuple, Any] = {}  # one executable per search and its options
 
-    def translate(self, lines: Sequence[str], *, nbest: int = 1, progress: bool = False) -> list[
-            list[Hypothesis]]:
+    def translate(self, lines: Sequence[str], *, nbest: int = 1, progress: bool = False,
+                  source: str | None = None) -> list[list[Hypothesis]]:
         """Translate ``lines`` (one sentence each), returning results in input order.
 
         Args:
@@ -138,6 +132,8 @@ class Translator:
           nbest: hypotheses per line, best first: ≤ beam size for beam search; the number of
             independent samples when sampling.
           progress: show a progress bar (stderr).
+          source: the file ``lines`` come from, named with the line in the messages about
+            long lines (``file:line``).
 
         Returns:
           One list per line with up to ``nbest`` hypotheses (fewer only if fewer exist, e.g.
@@ -161,20 +157,19 @@ class Translator:
             if len(x) > self.max_src_len:
                 too_long.append((i, len(x)))
                 if self.on_long == "truncate":
-                    log.warning("line %d: %d tokens, truncated to %d", i + 1, len(x),
+                    log.warning("%s: %d tokens, truncated to %d",
+                                f"{source}:{i + 1}" if source else f"line {i + 1}", len(x),
                                 self.max_src_len)
                     x = np.concatenate([x[: self.max_src_len - 1], [tok.eos_id]]).astype(np.int32)
             todo.append((len(x), i, x))
         if too_long and self.on_long == "reject":
             named = ", ".join(f"line {i + 1} ({n} tokens)" for i, n in too_long[:10])
             more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
-            raise ValueError(f"{len(too_long)} line(s) longer than the limit of "
+            raise ValueError(f"{source + ': ' if source else ''}{len(too_long)} line(s) "
+                             "longer than the limit of "
                              f"{self.max_src_len} tokens: {named}{more}")
         todo.sort(key=lambda t: (t[0], t[1]))
-        if self.partitioner is not None:  # whole rows per device
-            shards = self.partitioner.batch_shards
-        else:
-            shards = 1 if self.mesh is None else self.mesh.shape["data"]
+        shards = self.partitioner.batch_shards  # whole rows per device
         bar = tqdm(total=len(todo), desc="translate", unit="sent", disable=not progress)
         start = 0
         while start < len(todo):
@@ -191,17 +186,18 @@ class Translator:
         return results
 
     def _run(self, search, inputs: list[np.ndarray], **static):
-        """``search(params, *inputs, **static)`` on one device, the ``mesh`` or the partitioner's mesh."""
-        if self.partitioner is not None:
-            compiled = self.partitioner.jit_decode(search, self._param_shardings, **static)
-            placed = self.partitioner.shard_batch(dict(enumerate(inputs)))
-            return compiled(self.params, tuple(placed.values()))
-        return search(self.params, *map(self._put, inputs), **static)
+        """``search(params, *inputs, **static)`` on the partitioner's mesh, compiled once per
+        search and options (and input shape)."""
+        key = (search, tuple(sorted(static.items())))
+        if key not in self._compiled:
+            layout = self.partitioner.compute_layout(self._param_shardings)
 
-    def _put(self, x: np.ndarray) -> jax.Array:
-        if self.mesh is None:
-            return jax.device_put(x)
-        return jax.device_put(x, NamedSharding(self.mesh, P("data")))
+            def decode(params, rows):  # parameters gathered over fsdp once, not in every step
+                return search(jax.lax.with_sharding_constraint(params, layout), *rows, **static)
+
+            self._compiled[key] = self.partitioner.jit(decode, self._param_shardings)
+        placed = self.partitioner.shard_batch(dict(enumerate(inputs)))
+        return self._compiled[key](self.params, tuple(placed.values()))
 
     def _decode_chunk(self, chunk, width, rows, nbest, results):
         cfg, tok = self.config, self.tokenizer

@@ -31,8 +31,8 @@ from seq2seq.config import (Config, DecodeConfig, DistributedConfig, MeshConfig,
 from seq2seq.model import build_model  # noqa: E402
 from seq2seq.sharding import Partitioner, initialize_distributed, make_mesh  # noqa: E402
 from seq2seq.training.checkpoints import Checkpointer  # noqa: E402
-from seq2seq.training.step import (create_train_state, eval_step, make_optimizer,  # noqa: E402
-                                   train_step)
+from seq2seq.training.step import (create_train_state, make_eval_step,  # noqa: E402
+                                   make_optimizer, make_train_step, sharded_train_step)
 from seq2seq.translation import Translator  # noqa: E402
 from seq2seq.training.step import abstract_train_state  # noqa: E402
 
@@ -150,13 +150,13 @@ def meshes(out: Path) -> None:
     batch = _batch()
     result = {"meshes": {}}
 
-    ref_state, ref = _run(lambda s, b: train_step(s, b, **kw),
+    ref_state, ref = _run(jax.jit(make_train_step(**kw), donate_argnums=0),
                           jax.device_put(host0, jax.devices()[0]),
                           lambda b: jax.device_put(b, jax.devices()[0]))
     result["reference"] = {"loss": ref["loss"], "grad_norm": ref["grad_norm"]}
     np.savez(out / "reference.npz", **_flat(ref_state.params))
-    ref_eval = jax.device_get(eval_step(ref_state.params, batch, graphdef=graphdef, bos_id=BOS,
-                                        label_smoothing=0.1))
+    ref_eval = jax.device_get(jax.jit(make_eval_step(graphdef, bos_id=BOS, label_smoothing=0.1))(
+        ref_state.params, batch))
     result["reference"]["eval"] = {k: float(v) for k, v in ref_eval.items()}
     result["reference"]["translations"] = _translate(graphdef, _host(ref_state.params))
 
@@ -164,7 +164,7 @@ def meshes(out: Path) -> None:
     for shape in MESHES:
         p = Partitioner(make_mesh(MeshConfig(*shape)))
         shardings = p.shardings(abstract)
-        fn = p.jit_train_step(train_step, shardings, **kw)
+        fn = sharded_train_step(p, shardings, **kw)
 
         def on_step(k, state):
             if shape == (2, 2, 2) and k == CHECKPOINT_STEP:
@@ -197,8 +197,9 @@ def meshes(out: Path) -> None:
                 abstract)
             r["init_diff"] = _max_diff(init, host0)
             r["init_spec_embedding"] = _spec(init.params["embed"]["embedding"])
-            ev = p.jit_eval_step(eval_step, shardings.params, graphdef=graphdef, bos_id=BOS,
-                                 label_smoothing=0.1)(state.params, p.shard_batch(batch))
+            eval_step = make_eval_step(graphdef, bos_id=BOS, label_smoothing=0.1,
+                                       param_layout=p.compute_layout(shardings.params))
+            ev = p.jit(eval_step, shardings.params)(state.params, p.shard_batch(batch))
             r["eval"] = {k: float(v) for k, v in jax.device_get(ev).items()}
             r["translations"] = _translate(graphdef, _host(ref_state.params), p)
             np.savez(out / "mesh_2x2x2.npz", **_flat(state.params))
@@ -216,7 +217,7 @@ def continue_on_one_device(out: Path) -> None:
     state, meta = ck.restore(p.abstract(abstract))
     ck.close()
     restored_step = int(state.step)
-    fn = p.jit_train_step(train_step, p.shardings(abstract), **kw)
+    fn = sharded_train_step(p, p.shardings(abstract), **kw)
     batch = p.shard_batch(_batch())
     for _ in range(STEPS - restored_step):
         state, m = fn(state, batch)
@@ -240,7 +241,7 @@ def multiprocess(out: Path, process_id: int, num_processes: int, port: int) -> N
     graphdef, state0, kw = _initial_state()
     _, abstract = abstract_train_state(CONFIG)
     p = Partitioner(make_mesh(MeshConfig(1, num_processes, 2)))
-    fn = p.jit_train_step(train_step, p.shardings(abstract), **kw)
+    fn = sharded_train_step(p, p.shardings(abstract), **kw)
     batch = _batch()
     state = p.place(_host(state0))
     losses = []

@@ -7,6 +7,7 @@ import gzip
 from pathlib import Path
 
 import datasets
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from seq2seq.data.batching import FIELDS, PackedBatches, real_token_share
 from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.data.tokenizer import Tokenizer, train_or_load
 from seq2seq.model import build_model
-from seq2seq.training.step import eval_step
+from seq2seq.training.step import make_eval_step
 from seq2seq.translation import Translator
 from test_tokenizer import corpus
 
@@ -157,8 +158,8 @@ def test_separate_vocabularies_feed_a_model_with_two_embedding_tables(toy):
     assert model.embed.embedding.shape == (40, 16)
     assert model.target_embed.embedding.shape == (48, 16)
     graphdef, params = nnx.split(model, nnx.Param)
-    m = eval_step(params, {k: jnp.asarray(v) for k, v in batch.items()}, graphdef=graphdef,
-                  bos_id=data.tokenizer.bos_id, label_smoothing=0.0)
+    eval_step = make_eval_step(graphdef, bos_id=data.tokenizer.bos_id, label_smoothing=0.0)
+    m = jax.jit(eval_step)(params, {k: jnp.asarray(v) for k, v in batch.items()})
     tokens = float(m["tokens"])
     assert tokens == float((batch["tgt_segments"] > 0).sum())
     # an untrained model is close to uniform over the 48 target pieces

@@ -8,8 +8,13 @@ import optax
 from conftest import BOS, random_pairs, tiny_config, unpacked_batch
 from seq2seq.config import TrainConfig
 from seq2seq.model import build_model
-from seq2seq.training.step import (create_train_state, cross_entropy, eval_step,
-                                   learning_rate_schedule, make_optimizer, train_step)
+from seq2seq.training.step import (create_train_state, cross_entropy, learning_rate_schedule,
+                                   make_eval_step, make_optimizer, make_train_step)
+
+
+def _jit_step(graphdef, tx, label_smoothing=0.0):
+    return jax.jit(make_train_step(graphdef, tx, bos_id=BOS, label_smoothing=label_smoothing),
+                   donate_argnums=0)
 
 
 def test_label_smoothed_loss_matches_optax():
@@ -50,16 +55,16 @@ def _setup(seed=0, dropout=0.0, lr=3e-3):
     cfg = TrainConfig(learning_rate=lr, warmup_steps=10, weight_decay=0.0)
     tx = make_optimizer(cfg)
     graphdef, state = create_train_state(model, tx, seed)
-    return graphdef, state, dict(graphdef=graphdef, tx=tx, bos_id=BOS, label_smoothing=0.0)
+    return graphdef, state, _jit_step(graphdef, tx)
 
 
 def test_tiny_model_overfits_32_pairs():
     src, tgt = random_pairs(32, np.random.default_rng(2))
     batch = unpacked_batch(src, tgt, 10)
-    graphdef, state, kw = _setup()
+    graphdef, state, train_step = _setup()
     for _ in range(300):
-        state, metrics = train_step(state, batch, **kw)
-    m = eval_step(state.params, batch, graphdef=graphdef, bos_id=BOS, label_smoothing=0.0)
+        state, metrics = train_step(state, batch)
+    m = jax.jit(make_eval_step(graphdef, bos_id=BOS, label_smoothing=0.0))(state.params, batch)
     assert float(m["correct"] / m["tokens"]) > 0.99
     assert float(m["nll"] / m["tokens"]) < 0.05
 
@@ -69,9 +74,9 @@ def test_train_step_is_deterministic_given_step_and_seed():
     batch = unpacked_batch(src, tgt, 10)
     runs = []
     for _ in range(2):
-        _, state, kw = _setup(dropout=0.3)
+        _, state, train_step = _setup(dropout=0.3)
         for _ in range(3):
-            state, _ = train_step(state, batch, **kw)
+            state, _ = train_step(state, batch)
         runs.append(state.params)
     for a, b in zip(jax.tree.leaves(runs[0]), jax.tree.leaves(runs[1])):
         np.testing.assert_array_equal(a, b)
@@ -80,12 +85,12 @@ def test_train_step_is_deterministic_given_step_and_seed():
 def test_non_finite_step_is_skipped():
     src, tgt = random_pairs(4, np.random.default_rng(4))
     batch = unpacked_batch(src, tgt, 10)
-    _, state, kw = _setup()
+    _, state, train_step = _setup()
     bad = jax.tree.map(lambda x: x, state)
     emb = bad.params["embed"]["embedding"]
     emb[...] = emb[...].at[5].set(jnp.nan)
     before = jax.tree.map(np.asarray, bad.params)
-    new, metrics = train_step(bad, batch, **kw)
+    new, metrics = train_step(bad, batch)
     assert float(metrics["skipped"]) == 1.0 and int(new.skipped) == 1 and int(new.step) == 1
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(new.params)):
         np.testing.assert_array_equal(a, np.asarray(b))
@@ -104,10 +109,10 @@ def test_grad_accumulation_equals_one_step_on_the_concatenation():
     tx = optax.sgd(1.0)
     graphdef, state = create_train_state(build_model(small, seed=0), tx, 0)
     init = jax.tree.map(np.array, state.params)  # a copy: the state is donated
-    kw = dict(graphdef=graphdef, tx=tx, bos_id=BOS, label_smoothing=0.1)
+    train_step = _jit_step(graphdef, tx, label_smoothing=0.1)
     copy = jax.tree.map(jnp.array, state)
-    acc, m_acc = train_step(state, stacked, **kw)
-    one, m_one = train_step(copy, concat, **kw)
+    acc, m_acc = train_step(state, stacked)
+    one, m_one = train_step(copy, concat)
     for a, b in zip(jax.tree.leaves(acc.params), jax.tree.leaves(one.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
     assert float(m_acc["tokens"]) == float(m_one["tokens"]) == sum(tokens)
@@ -118,10 +123,19 @@ def test_grad_accumulation_equals_one_step_on_the_concatenation():
     assert moved > 1e-3  # the step did change the parameters
 
 
-def test_make_optimizer_is_memoised_on_the_optimizer_settings():
-    # one compiled step serves runs that differ only in e.g. their length
-    assert make_optimizer(TrainConfig(steps=10)) is make_optimizer(TrainConfig(steps=20))
-    assert make_optimizer(TrainConfig(learning_rate=1e-3)) is not make_optimizer(TrainConfig())
+def test_each_step_uses_the_optimizer_bound_into_it():
+    # SGD: the parameter change is rate × gradient, so rate 0.5 moves exactly half as far
+    batch = unpacked_batch(*random_pairs(4, np.random.default_rng(6)), 10)
+    graphdef, state = create_train_state(build_model(tiny_config(), seed=0), optax.sgd(1.0), 0)
+    init = jax.tree.map(np.array, state.params)
+    moved = {}
+    for rate in (1.0, 0.5):
+        start = jax.tree.map(jnp.array, state)
+        new, _ = _jit_step(graphdef, optax.sgd(rate))(start, batch)
+        moved[rate] = jax.tree.map(lambda a, b: np.asarray(a) - b, new.params, init)
+    for a, b in zip(jax.tree.leaves(moved[1.0]), jax.tree.leaves(moved[0.5])):
+        np.testing.assert_allclose(b, 0.5 * a, atol=1e-6, rtol=1e-5)
+    assert max(float(np.abs(a).max()) for a in jax.tree.leaves(moved[1.0])) > 1e-3
 
 
 def test_closed_form_loss_gradient_equals_autodiff_of_the_reference():

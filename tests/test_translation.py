@@ -192,17 +192,18 @@ def test_invalid_options_are_rejected(parts):
 SHARDED = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
-    from jax.sharding import Mesh
     sys.path.insert(0, sys.argv[1])
     from test_translation import DECODE, LINES, SAMPLING, as_tuples, tiny_parts
+    from seq2seq.config import MeshConfig
+    from seq2seq.sharding import Partitioner, make_mesh
     from seq2seq.translation import Translator
     assert jax.device_count() == 8, jax.devices()
     tokenizer, graphdef, params = tiny_parts(sys.argv[2])
-    mesh = Mesh(np.array(jax.devices()), ("data",))
+    partitioner = Partitioner(make_mesh(MeshConfig(data=8)))
     out = {}
     for name, config in (("beam", DECODE), ("sampling", SAMPLING)):
-        t = Translator(graphdef, params, tokenizer, config, mesh=mesh)
-        x = t._put(np.zeros((8, 16), np.int32))
+        t = Translator(graphdef, params, tokenizer, config, partitioner=partitioner)
+        x = t.partitioner.shard_batch({"src": np.zeros((8, 16), np.int32)})["src"]
         assert len(x.sharding.device_set) == 8 and x.sharding.shard_shape(x.shape) == (1, 16)
         out[name] = as_tuples(t.translate(LINES, nbest=3))
     print(json.dumps(out))
@@ -282,7 +283,7 @@ def test_translate_command_options_reach_the_translator(run, monkeypatch, capsys
             seen.update(config=config, max_src_len=max_src_len, on_long=on_long,
                         mesh=dict(partitioner.mesh.shape))
 
-        def translate(self, lines, nbest=1, progress=False):
+        def translate(self, lines, nbest=1, progress=False, source=None):
             seen.update(nbest=nbest, progress=progress)
             return [[Hypothesis(line.upper(), (), -1.0, -0.5)] * nbest for line in lines]
 
@@ -334,10 +335,11 @@ def test_translate_command_long_lines(run, capsys):
     assert cli.translate_main(base) == 0
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 4
-    assert "line 2: 18 tokens, truncated to 16" in captured.err
+    assert f"{run / 'in.txt'}:2: 18 tokens, truncated to 16" in captured.err
     assert cli.translate_main(base + ["--on-long", "reject"]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and "line 2 (18 tokens)" in captured.err
+    assert captured.out == "" and (f"{run / 'in.txt'}: 1 line(s) longer than the limit of 16 "
+                                   "tokens: line 2 (18 tokens)") in captured.err
 
 
 def test_evaluate_command(run, parts, capsys):

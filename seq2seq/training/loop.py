@@ -30,8 +30,9 @@ from seq2seq.sharding import Partitioner, agree_to_stop, is_main_process
 from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.early_stopping import MODES, BestTracker
 from seq2seq.training.metrics import MetricsWriter
-from seq2seq.training.step import (abstract_train_state, create_train_state, eval_step,
-                                   learning_rate_schedule, make_optimizer, train_step)
+from seq2seq.training.step import (abstract_train_state, create_train_state,
+                                   learning_rate_schedule, make_eval_step, make_optimizer,
+                                   sharded_train_step)
 from seq2seq.workdir import checkpoint_dir
 
 log = logging.getLogger(__name__)
@@ -123,42 +124,41 @@ def train_batch(batches: PackedBatches, first: int, accum: int) -> dict[str, np.
     return {k: np.stack([m[k] for m in micro]) for k in micro[0]}
 
 
-def evaluate_loss(params: Any, graphdef: Any, data: PreparedData, config: Config,
-                  partitioner: Partitioner | None = None) -> dict[str, float]:
-    """Dev-set teacher-forced metrics: per-token ``loss`` (smoothed), ``nll``, ``accuracy``, ``ppl``.
+def dev_evaluator(graphdef: Any, param_shardings: Any, data: PreparedData, config: Config,
+                  partitioner: Partitioner,
+                  dev_bleu: DevBleu | None = None) -> Callable[[Any], dict[str, float]]:
+    """``evaluate(params) → dev metrics``, its loss step compiled once for the run.
 
-    ``partitioner``: the run's mesh (default: built from ``config.mesh``).
-    """
-    partitioner = partitioner or Partitioner.from_config(config)
-    step = partitioner.jit_eval_step(eval_step, partitioner.shardings(params), graphdef=graphdef,
-                                     bos_id=data.tokenizer.bos_id,
-                                     label_smoothing=config.train.label_smoothing)
-    totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
-    for batch in data.dev.epoch(0):
-        m = step(params, partitioner.shard_batch(batch))
-        for k, v in jax.device_get(m).items():
-            totals[k] += float(v)
-    n = max(totals["tokens"], 1.0)
-    return {"loss": totals["loss"] / n, "nll": totals["nll"] / n,
-            "accuracy": totals["correct"] / n, "ppl": float(np.exp(totals["nll"] / n))}
-
-
-def evaluate_dev(params: Any, graphdef: Any, data: PreparedData, config: Config,
-                 partitioner: Partitioner | None = None,
-                 dev_bleu: DevBleu | None = None) -> dict[str, float]:
-    """``evaluate_loss`` plus, with ``train.dev_bleu``, what ``dev_bleu(params, graphdef,
-    partitioner)`` returns (``bleu``, ``chrf``, ``bleu_sentences``).
+    The metrics: per-token teacher-forced ``loss`` (smoothed), ``nll``, ``accuracy``, ``ppl``
+    and, with ``train.dev_bleu``, what ``dev_bleu(params, graphdef, partitioner)`` returns
+    (``bleu``, ``chrf``, ``bleu_sentences``).
 
     Raises:
       ValueError: ``train.dev_bleu`` is on but no ``dev_bleu`` callable was given.
     """
-    dev = evaluate_loss(params, graphdef, data, config, partitioner)
-    if config.train.dev_bleu:
-        if dev_bleu is None:
-            raise ValueError("train.dev_bleu=true needs a dev BLEU callable (seq2seq.run passes "
-                             "one); or set train.dev_bleu=false")
-        dev.update(dev_bleu(params, graphdef, partitioner))
-    return dev
+    if config.train.dev_bleu and dev_bleu is None:
+        raise ValueError("train.dev_bleu=true needs a dev BLEU callable (seq2seq.run passes "
+                         "one); or set train.dev_bleu=false")
+    step = partitioner.jit(make_eval_step(graphdef, bos_id=data.tokenizer.bos_id,
+                                          label_smoothing=config.train.label_smoothing,
+                                          param_layout=partitioner.compute_layout(
+                                              param_shardings)),
+                           param_shardings)
+
+    def evaluate(params: Any) -> dict[str, float]:
+        totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
+        for batch in data.dev.epoch(0):
+            m = step(params, partitioner.shard_batch(batch))
+            for k, v in jax.device_get(m).items():
+                totals[k] += float(v)
+        n = max(totals["tokens"], 1.0)
+        dev = {"loss": totals["loss"] / n, "nll": totals["nll"] / n,
+               "accuracy": totals["correct"] / n, "ppl": float(np.exp(totals["nll"] / n))}
+        if config.train.dev_bleu:
+            dev.update(dev_bleu(params, graphdef, partitioner))
+        return dev
+
+    return evaluate
 
 
 @dataclass
@@ -313,6 +313,7 @@ class Loop:
 
     Attributes:
       state: the current TrainState (replaced by every step).
+      evaluate_dev: ``params → dev metrics`` (``dev_evaluator``), compiled once.
       progress: step, data position, counters, dev metrics and best/patience bookkeeping.
       pending: the metrics of the steps since the last ``log`` (device arrays).
       window_start / window_real: start time and real tokens of that logging window.
@@ -329,7 +330,7 @@ class Loop:
     partitioner: Partitioner
     checkpointer: Checkpointer
     writer: MetricsWriter
-    dev_bleu: DevBleu | None
+    evaluate_dev: Callable[[Any], dict[str, float]]
     bar: Any
     state: Any
     progress: Progress
@@ -380,8 +381,7 @@ def evaluate(loop: Loop) -> None:
     when ``train.keep_best``."""
     p, c = loop.progress, loop.config.train
     t1 = time.perf_counter()
-    p.dev = evaluate_dev(loop.state.params, loop.graphdef, loop.data, loop.config,
-                         loop.partitioner, loop.dev_bleu)
+    p.dev = loop.evaluate_dev(loop.state.params)
     p.eval_seconds += time.perf_counter() - t1
     loop.window_start += time.perf_counter() - t1  # tokens/s counts training time only
     improved = p.best.update(p.dev[c.best_metric], p.step, loss=p.dev["loss"])
@@ -441,15 +441,17 @@ def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, p
     """The driver: run steps and, after each, the actions that are due; returns (state, why
     stopped)."""
     tcfg, p, accum = config.train, progress, config.train.grad_accum_steps
+    shardings = partitioner.shardings(abstract_train_state(config)[1])
     # micro-batches [accum, rows, length]: rows (axis 1) are split over data × fsdp
-    sharded_step = partitioner.jit_train_step(
-        train_step, partitioner.shardings(abstract_train_state(config)[1]), row_axis=1,
-        graphdef=graphdef,
-        tx=make_optimizer(tcfg), bos_id=data.tokenizer.bos_id, label_smoothing=tcfg.label_smoothing)
+    sharded_step = sharded_train_step(partitioner, shardings, graphdef, make_optimizer(tcfg),
+                                      bos_id=data.tokenizer.bos_id,
+                                      label_smoothing=tcfg.label_smoothing, row_axis=1)
+    evaluate_dev = dev_evaluator(graphdef, shardings.params, data, config, partitioner, dev_bleu)
     actions = default_actions(config, extra_actions)
     bar = tqdm(total=tcfg.steps, initial=p.step, desc="train", unit="step", dynamic_ncols=True,
                mininterval=2.0, disable=not is_main_process())
-    loop = Loop(config, data, graphdef, partitioner, checkpointer, writer, dev_bleu, bar, state, p)
+    loop = Loop(config, data, graphdef, partitioner, checkpointer, writer, evaluate_dev, bar, state,
+                p)
     with _StopFlag() as stop, contextlib.closing(bar):
         loop.stop_flag = stop
         batch = train_batch(data.train, p.micro_batches, accum) if p.step < tcfg.steps else None

@@ -1,7 +1,8 @@
-"""Pure train and eval steps: (state, batch) → (state, metrics), compiled once with ``jax.jit``.
+"""Pure train and eval steps: (state, batch) → (state, metrics).
 
-The model's graph definition is static; its parameters live in ``TrainState`` as an
-``nnx.State`` pytree, so the steps are plain functions of arrays (Flax WMT style). Dropout keys
+``make_train_step`` and ``make_eval_step`` bind the configuration (graph definition, optimizer,
+special ids, label smoothing) by closure and return plain functions of arrays (Flax WMT style);
+the caller compiles them once, with ``jax.jit`` or over a mesh with ``Partitioner.jit``. Dropout keys
 are ``fold_in(fold_in(state.rng, step), micro_batch)``: a resumed run draws exactly the
 randomness it would have. A step may accumulate gradients over several micro-batches
 (``jax.lax.scan``), normalising once by their total number of real target tokens.
@@ -10,7 +11,7 @@ randomness it would have. A step may accumulate gradients over several micro-bat
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import flax.struct
 import jax
@@ -20,8 +21,10 @@ from flax import nnx
 
 from seq2seq.config import Config, TrainConfig
 from seq2seq.model import build_model
+from seq2seq.sharding import Partitioner
 
 Metrics = dict[str, jax.Array]
+Batch = dict[str, jax.Array]
 
 
 @flax.struct.dataclass
@@ -63,20 +66,7 @@ def _decay_mask(params: Any) -> Any:
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """AdamW (Loshchilov & Hutter 2019) with the schedule above and global-norm clipping.
-
-    Memoised on the optimizer's own settings: the transformation is a static argument of the
-    jitted step, so configs that differ elsewhere (e.g. ``steps``) reuse one compiled step
-    within a process.
-    """
-    return _optimizer(config.learning_rate, config.warmup_steps, config.b1, config.b2, config.eps,
-                      config.weight_decay, config.clip_norm)
-
-
-@functools.lru_cache(maxsize=16)
-def _optimizer(learning_rate, warmup_steps, b1, b2, eps, weight_decay, clip_norm):
-    config = TrainConfig(learning_rate=learning_rate, warmup_steps=warmup_steps, b1=b1, b2=b2,
-                         eps=eps, weight_decay=weight_decay, clip_norm=clip_norm)
+    """AdamW (Loshchilov & Hutter 2019) with the schedule above and global-norm clipping."""
     parts = []
     if config.clip_norm > 0:
         parts.append(optax.clip_by_global_norm(config.clip_norm))
@@ -225,12 +215,13 @@ def accumulate_gradients(params: Any, batch: dict[str, jax.Array], dropout_key: 
     return jax.tree.map(lambda g: g * scale, grad_sum), sums
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "bos_id", "label_smoothing"),
-                   donate_argnames=("state",))
-def train_step(state: TrainState, batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef,
-               tx: optax.GradientTransformation, bos_id: int,
-               label_smoothing: float) -> tuple[TrainState, Metrics]:
-    """One optimizer step (teacher forcing, loss averaged over the real target tokens).
+def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, bos_id: int,
+                    label_smoothing: float, param_layout: Any = None) -> Callable[
+                        [TrainState, Batch], tuple[TrainState, Metrics]]:
+    """The optimizer step (teacher forcing, loss averaged over the real target tokens).
+
+    Returns ``train_step(state, batch) → (state, metrics)``, a plain function to compile with
+    ``jax.jit(train_step, donate_argnums=0)`` or ``Partitioner.jit``.
 
     ``batch`` may hold several micro-batches (gradient accumulation, see
     ``accumulate_gradients``): the step then equals one step on their concatenation.
@@ -240,34 +231,65 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, graphdef: nnx.
     advances either way.
 
     Args:
-      state: current TrainState (donated).
-      batch: int32 arrays ``[rows, max_len]`` (one batch) or ``[accum, rows, max_len]``
-        (``accum`` micro-batches), see ``seq2seq.data.batching``.
-      graphdef, tx, bos_id, label_smoothing: static configuration.
+      graphdef, tx, bos_id, label_smoothing: the model's graph, the optimizer, BOS id (for
+        shift_right) and label smoothing ε.
+      param_layout: shardings of the parameters while the step computes
+        (``Partitioner.compute_layout``, e.g. gathered over ``fsdp``); None: as they come.
 
-    Returns:
-      The new state and float32 metrics: sums ``loss``, ``nll``, ``correct``, ``tokens`` over
-      all micro-batches, ``grad_norm`` (global L2 norm of the per-token gradient, before
-      clipping), ``skipped`` (1.0 if this step was skipped).
+    The returned function takes ``state`` and int32 arrays ``batch`` ``[rows, max_len]`` (one
+    batch) or ``[accum, rows, max_len]`` (``accum`` micro-batches, see
+    ``seq2seq.data.batching``), and returns the new state and float32 metrics: sums ``loss``,
+    ``nll``, ``correct``, ``tokens`` over all micro-batches, ``grad_norm`` (global L2 norm of
+    the per-token gradient, before clipping), ``skipped`` (1.0 if this step was skipped).
     """
-    batch = {k: v[None] if v.ndim == 2 else v for k, v in batch.items()}
-    dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    grads, sums = accumulate_gradients(state.params, batch, dropout_key, graphdef=graphdef,
-                                       bos_id=bos_id, label_smoothing=label_smoothing)
-    grad_norm = optax.tree_utils.tree_norm(grads)
-    ok = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
-    updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-    new_state = state.replace(step=state.step + 1, params=keep(new_params, state.params),
-                              opt_state=keep(new_opt_state, state.opt_state),
-                              skipped=jnp.where(ok, 0, state.skipped + 1))
-    metrics = dict(sums, grad_norm=grad_norm, skipped=(~ok).astype(jnp.float32))
-    return new_state, metrics
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        if param_layout is not None:
+            state = state.replace(params=jax.lax.with_sharding_constraint(state.params,
+                                                                          param_layout))
+        batch = {k: v[None] if v.ndim == 2 else v for k, v in batch.items()}
+        dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+        grads, sums = accumulate_gradients(state.params, batch, dropout_key, graphdef=graphdef,
+                                           bos_id=bos_id, label_smoothing=label_smoothing)
+        grad_norm = optax.tree_utils.tree_norm(grads)
+        ok = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+        updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+        new_state = state.replace(step=state.step + 1, params=keep(new_params, state.params),
+                                  opt_state=keep(new_opt_state, state.opt_state),
+                                  skipped=jnp.where(ok, 0, state.skipped + 1))
+        metrics = dict(sums, grad_norm=grad_norm, skipped=(~ok).astype(jnp.float32))
+        return new_state, metrics
+
+    return train_step
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "bos_id", "label_smoothing"))
-def eval_step(params: Any, batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef, bos_id: int,
-              label_smoothing: float) -> Metrics:
-    """Teacher-forced loss sums on one batch without dropout: ``loss``, ``nll``, ``correct``, ``tokens``."""
-    return _forward(params, graphdef, batch, bos_id, label_smoothing, None)[1]
+def make_eval_step(graphdef: nnx.GraphDef, *, bos_id: int, label_smoothing: float,
+                   param_layout: Any = None) -> Callable[[Any, Batch], Metrics]:
+    """``eval_step(params, batch) → metrics``: teacher-forced loss sums on one ``[rows, len]``
+    batch without dropout (``loss``, ``nll``, ``correct``, ``tokens``, float32 scalars).
+    Arguments as for ``make_train_step``."""
+    def eval_step(params: Any, batch: Batch) -> Metrics:
+        if param_layout is not None:
+            params = jax.lax.with_sharding_constraint(params, param_layout)
+        return _forward(params, graphdef, batch, bos_id, label_smoothing, None)[1]
+
+    return eval_step
+
+
+def sharded_train_step(partitioner: Partitioner, shardings: TrainState, graphdef: nnx.GraphDef,
+                       tx: optax.GradientTransformation, *, bos_id: int, label_smoothing: float,
+                       row_axis: int = 0) -> Callable[[TrainState, Batch],
+                                                      tuple[TrainState, Metrics]]:
+    """``make_train_step`` compiled over ``partitioner``'s mesh, as the training loop runs it.
+
+    The state comes in and goes out with ``shardings`` (``partitioner.shardings`` of the
+    abstract state: one executable for every step, the optimizer state sharded like the
+    parameters) and is donated; its parameters compute gathered over ``fsdp``; the batch's
+    rows (axis ``row_axis``: 1 for micro-batches ``[accum, rows, length]``) are split over
+    ``data × fsdp``; the metrics come out replicated.
+    """
+    train_step = make_train_step(graphdef, tx, bos_id=bos_id, label_smoothing=label_smoothing,
+                                 param_layout=partitioner.compute_layout(shardings.params))
+    return partitioner.jit(train_step, shardings, row_axis=row_axis, donate=True,
+                           out_shardings=(shardings, partitioner.replicated))

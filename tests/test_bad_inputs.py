@@ -1,0 +1,88 @@
+"""Inputs of the kind real corpora contain, through seq2seq-evaluate, seq2seq-translate and the
+scoring API: each gives the right number or a message that names the file and line."""
+
+import logging
+
+import pytest
+
+from seq2seq import cli, evaluation
+from seq2seq.config import Config, DataConfig
+from test_translation import DECODE
+
+BOM = "\ufeff".encode()
+
+
+@pytest.fixture
+def echo_run(monkeypatch, tmp_path):
+    """A fake run whose translator returns each source line unchanged (hypothesis = source)."""
+    seen = {}
+    config = Config(workdir=str(tmp_path), data=DataConfig(max_len=32), decode=DECODE)
+    monkeypatch.setattr("seq2seq.trained.load_trained",
+                        lambda workdir, step=None: (config, None, None, None))
+
+    class Echo:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def translate(self, lines, nbest=1, progress=False, source=None):
+            from seq2seq.translation import Hypothesis
+
+            seen["lines"] = list(lines)
+            return [[Hypothesis(line, (), 0.0, 0.0)] * nbest for line in lines]
+
+    monkeypatch.setattr("seq2seq.translation.Translator", Echo)
+    return tmp_path, seen
+
+
+TEXT = ["Tom está aquí.", "¿Dónde pusiste las llaves?", "No puedo comer pollo."]
+
+
+def test_evaluate_strips_a_bom_from_the_references(echo_run, capsys):
+    tmp, _ = echo_run
+    (tmp / "src").write_text("".join(t + "\n" for t in TEXT), encoding="utf-8")
+    (tmp / "ref").write_bytes(BOM + "".join(t + "\r\n" for t in TEXT).encode())  # BOM + CRLF
+    argv = ["--workdir", "RUN", "--src", str(tmp / "src"), "--ref", str(tmp / "ref")]
+    assert cli.evaluate_main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "BLEU = 100.00 " in out and "chrF = 100.00 " in out  # with the BOM: 87.68 / 98.25
+
+
+def test_translate_strips_a_bom_from_the_input(echo_run, capsys):
+    tmp, seen = echo_run
+    (tmp / "in").write_bytes(BOM + "Hola.\nAdiós.\n".encode())
+    assert cli.translate_main(["--workdir", "RUN", "--input", str(tmp / "in")]) == 0
+    assert seen["lines"] == ["Hola.", "Adiós."]
+    assert capsys.readouterr().out == "Hola.\nAdiós.\n"
+
+
+PIECES = ["▁Tom ▁está ▁aquí .", "¿ D ón de ▁pus iste ▁las ▁llaves ?", "No puedo comer pollo."]
+
+
+def test_evaluate_refuses_references_in_pieces_unless_allowed(echo_run, capsys):
+    tmp, _ = echo_run
+    (tmp / "src").write_text("".join(t + "\n" for t in TEXT), encoding="utf-8")
+    (tmp / "ref").write_text("".join(t + "\n" for t in PIECES), encoding="utf-8")
+    argv = ["--workdir", "RUN", "--src", str(tmp / "src"), "--ref", str(tmp / "ref")]
+    assert cli.evaluate_main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"error: {tmp / 'ref'}: 2 of 3 lines contain SentencePiece pieces ('▁', first on line "
+        "1); BLEU and chrF are meant for detokenized text (decode the pieces, e.g. with "
+        "spm_decode); or pass --allow-pieces to score them as they are\n")
+    assert cli.evaluate_main(argv + ["--allow-pieces"]) == 0
+    captured = capsys.readouterr()
+    assert f"{tmp / 'ref'}: 2 of 3 lines contain SentencePiece pieces" in captured.err
+    assert "BLEU = " in captured.out
+
+
+def test_scoring_api_warns_about_pieces_on_either_side(caplog):
+    refs = ["Tom is here.", "Where did you put the keys?", "I can't eat chicken."]
+    hyps = ["▁Tom ▁is ▁here .", "▁Where ▁did ▁you ▁put ▁the ▁key s ?", "I can't eat chicken."]
+    with caplog.at_level(logging.WARNING, logger="seq2seq.evaluation"):
+        scores = evaluation.score(hyps, refs)
+        evaluation.score(refs, refs, names=("out.txt", "ref.txt"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "hypotheses: 2 of 3 lines contain SentencePiece pieces ('▁', first on line 1); BLEU and "
+        "chrF are meant for detokenized text (decode the pieces, e.g. with spm_decode)"]
+    assert round(scores.bleu, 2) == 29.93  # scored as given; detokenized, the same lines give 100
+    assert evaluation.piece_lines(["a ▁b", "c", "▁"]) == [1, 3]
