@@ -95,6 +95,12 @@ class TokenizerConfig:
         their own, in [0.98, 1] (SentencePiece's range); rarer ones become unk.
       input_sentence_size: sentences sampled for training; 0 = all, else more than 100.
       user_defined_symbols: pieces that are never split (e.g. tags like ``<2es>``).
+      normalization: SentencePiece's normalization rule, applied to training text and to
+        every input: ``nmt_nfkc`` (NFKC plus NMT cleanups; the default), ``nfkc``,
+        ``nmt_nfkc_cf`` / ``nfkc_cf`` (the same, case-folded) or ``identity`` (none).
+      byte_fallback: spell a character outside the vocabulary as its UTF-8 byte pieces
+        (256 pieces of the vocabulary) instead of the unknown piece; they decode back to
+        the character.
     """
 
     joint: bool = True
@@ -106,6 +112,8 @@ class TokenizerConfig:
     character_coverage: float = 1.0
     input_sentence_size: int = 1_000_000
     user_defined_symbols: list[str] = field(default_factory=list)
+    normalization: str = "nmt_nfkc"
+    byte_fallback: bool = False
 
 
 # Choices of the string-valued model settings (checked when a config is built).
@@ -268,6 +276,8 @@ class DecodeConfig:
       top_k: sample among the k most probable tokens (0 = all; Fan et al. 2018).
       top_p: nucleus sampling mass in (0, 1] (1 = all; Holtzman et al. 2020).
       seed: sampling seed; a sentence's samples depend on it and the sentence's line number.
+      allow_unk: let the search produce the unknown piece (written `` ⁇ `` in the text);
+        by default it is never generated.
     """
 
     beam_size: int = 4
@@ -283,6 +293,7 @@ class DecodeConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    allow_unk: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ hypothesis, and so is beam search's first step (every beam starts from BOS).
 Rules shared by every search (documented because toolkits differ here):
 
 * Hypotheses. A hypothesis Y is its tokens up to and including EOS (|Y| counts the EOS), then
-  PAD. EOS appears exactly once, at the end; PAD and BOS are never generated.
+  PAD. EOS appears exactly once, at the end; PAD and BOS are never generated, nor the unknown
+  piece when the caller passes its ``unk_id`` (the translator does unless ``decode.allow_unk``).
 * Scores. ``logprob = Σ_t log p(y_t | y_<t, x)`` under the model's own distribution (before
   any temperature or top-k/top-p filtering), and ``score = logprob / lp(|Y|)`` where ``lp`` is
   the length penalty: ``gnmt`` ((5+|Y|)/6)^α (Wu et al. 2016, eq. 14), ``plain`` |Y|^α, or
@@ -280,16 +281,17 @@ def _positions(segments: jax.Array) -> jax.Array:
 
 
 def _banned(vocab: int, i: jax.Array, max_lengths: jax.Array, min_length: int, *, bos_id: int,
-            eos_id: int, pad_id: int) -> jax.Array:
+            eos_id: int, pad_id: int, unk_id: int = -1) -> jax.Array:
     """bool ``[batch, vocab]``: tokens not allowed at position ``i`` (0-based) of each row.
 
     Only EOS is allowed at the last position a row's ``max_lengths`` permits; EOS is forbidden
-    while fewer than ``min_length`` tokens precede it (the maximum wins); PAD/BOS never.
+    while fewer than ``min_length`` tokens precede it (the maximum wins); PAD/BOS never, nor
+    ``unk_id`` (-1: no unknown piece banned).
     """
     token = jnp.arange(vocab)
     is_eos = token == eos_id
     last = (i + 1 >= max_lengths)[:, None]
-    return (((token == pad_id) | (token == bos_id))[None, :]
+    return (((token == pad_id) | (token == bos_id) | (token == unk_id))[None, :]
             | (last & ~is_eos[None, :])
             | (~last & (i < min_length) & is_eos[None, :]))
 
@@ -403,7 +405,7 @@ class BeamState:
 def beam_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
                 max_lengths: jax.Array, *, beam_size: int, max_len: int, alpha: float,
                 bos_id: int, eos_id: int, pad_id: int, length_penalty_kind: str = "gnmt",
-                min_length: int = 0) -> BeamResult:
+                min_length: int = 0, unk_id: int = -1) -> BeamResult:
     """Beam search (rules in the module docstring); call it inside ``jax.jit``.
 
     Args:
@@ -418,6 +420,7 @@ def beam_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
       bos_id / eos_id / pad_id: special ids from the tokenizer.
       length_penalty_kind: ``gnmt``, ``plain`` or ``none``.
       min_length: EOS is forbidden while fewer than this many tokens precede it.
+      unk_id: the unknown piece, never generated (-1: none banned).
 
     Returns:
       ``BeamResult`` with the ``beam_size`` best finished hypotheses per sentence.
@@ -463,7 +466,7 @@ def beam_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
         i = s.i
         logits = logits.astype(jnp.float32)  # [batch, k, vocab]
         banned = _banned(logits.shape[-1], i, max_lengths, min_length, bos_id=bos_id,
-                         eos_id=eos_id, pad_id=pad_id)  # [batch, vocab]
+                         eos_id=eos_id, pad_id=pad_id, unk_id=unk_id)  # [batch, vocab]
         # [batch, 2k] each: total log-probability, source beam and token of every candidate
         top_logp, src_beam, tok = _top_continuations(logits, banned, s.alive_logp, 2 * k)
         seqs = _gather_beams(s.alive_seq, src_beam)  # [batch, 2k, max_len]
@@ -526,7 +529,8 @@ class SampleState:
 
 def _ancestral(model: SearchModel, src: jax.Array, src_segments: jax.Array,
                max_lengths: jax.Array, choose: Callable[[jax.Array, jax.Array], jax.Array], *,
-               num: int, max_len: int, bos_id: int, eos_id: int, pad_id: int, min_length: int):
+               num: int, max_len: int, bos_id: int, eos_id: int, pad_id: int, min_length: int,
+               unk_id: int = -1):
     """Left-to-right decoding of ``num`` hypotheses per sentence, one token per step.
 
     ``choose(logits, i)`` maps float32 ``[batch·num, vocab]`` logits (banned tokens at
@@ -555,7 +559,7 @@ def _ancestral(model: SearchModel, src: jax.Array, src_segments: jax.Array,
         logits, cache = decode_beams(model, s.last.reshape(batch, num), i, s.cache)
         logits = logits.reshape(rows, -1).astype(jnp.float32)  # [rows, vocab]
         banned = _banned(logits.shape[-1], i, row_max, min_length, bos_id=bos_id, eos_id=eos_id,
-                         pad_id=pad_id)  # [rows, vocab]
+                         pad_id=pad_id, unk_id=unk_id)  # [rows, vocab]
         tok = choose(jnp.where(banned, NEG_INF, logits), i).astype(jnp.int32)  # [rows]
         step_logp = jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None],
                                         axis=-1)[:, 0]  # [rows]
@@ -573,7 +577,8 @@ def _ancestral(model: SearchModel, src: jax.Array, src_segments: jax.Array,
 
 def greedy_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
                   max_lengths: jax.Array, *, max_len: int, bos_id: int, eos_id: int,
-                  pad_id: int, min_length: int = 0) -> tuple[jax.Array, jax.Array]:
+                  pad_id: int, min_length: int = 0, unk_id: int = -1
+                  ) -> tuple[jax.Array, jax.Array]:
     """Greedy decoding: the most probable allowed token at each step until EOS.
 
     Args: as ``beam_search``.
@@ -587,15 +592,16 @@ def greedy_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
     """
     tokens, _, logp = _ancestral(
         model, src, src_segments, max_lengths, lambda x, i: jnp.argmax(x, axis=-1), num=1,
-        max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, min_length=min_length)
+        max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, min_length=min_length,
+        unk_id=unk_id)
     return tokens[:, 0], logp[:, 0]
 
 
 def sample(model: SearchModel, src: jax.Array, src_segments: jax.Array, max_lengths: jax.Array,
            keys: jax.Array, *, num_samples: int, max_len: int, bos_id: int, eos_id: int,
            pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-           min_length: int = 0, alpha: float = 0.0, length_penalty_kind: str = "gnmt"
-           ) -> BeamResult:
+           min_length: int = 0, alpha: float = 0.0, length_penalty_kind: str = "gnmt",
+           unk_id: int = -1) -> BeamResult:
     """Ancestral sampling with temperature, top-k and top-p (Holtzman et al. 2020, §3.1).
 
     At each step the token is drawn from ``filter_logits`` of the model's logits after the
@@ -605,8 +611,8 @@ def sample(model: SearchModel, src: jax.Array, src_segments: jax.Array, max_leng
     tiny ``top_p``) is greedy search.
 
     Args:
-      model, src, src_segments, max_lengths, max_len, bos_id, eos_id, pad_id, min_length:
-        as ``beam_search``.
+      model, src, src_segments, max_lengths, max_len, bos_id, eos_id, pad_id, min_length,
+        unk_id: as ``beam_search``.
       keys: uint32 ``[batch, 2]`` one PRNG key per sentence (``sentence_keys``).
       num_samples: independent samples per sentence (static).
       temperature, top_k, top_p: as ``filter_logits`` (static).
@@ -632,7 +638,7 @@ def sample(model: SearchModel, src: jax.Array, src_segments: jax.Array, max_leng
 
     tokens, lengths, logp = _ancestral(
         model, src, src_segments, max_lengths, choose, num=num_samples, max_len=max_len,
-        bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, min_length=min_length)
+        bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, min_length=min_length, unk_id=unk_id)
     scores = logp / length_penalty(lengths, alpha, length_penalty_kind)
     order = jnp.argsort(-scores, axis=1, stable=True)
     return BeamResult(tokens=_gather_beams(tokens, order), lengths=_gather_beams(lengths, order),
@@ -641,7 +647,7 @@ def sample(model: SearchModel, src: jax.Array, src_segments: jax.Array, max_leng
 
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "beam_size", "max_len", "alpha", "bos_id", "eos_id", "pad_id",
-    "length_penalty_kind", "min_length"))
+    "length_penalty_kind", "min_length", "unk_id"))
 def beam_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwargs) -> BeamResult:
     """``beam_search`` on a model given as (graphdef, params); arrays as in ``beam_search``.
 
@@ -652,7 +658,7 @@ def beam_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwarg
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "bos_id", "eos_id", "pad_id",
-                                             "min_length"))
+                                             "min_length", "unk_id"))
 def greedy_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwargs):
     """``greedy_search`` on a model given as (graphdef, params); static as ``beam_search_jit``."""
     return greedy_search(nnx.merge(graphdef, params), src, src_segments, max_lengths, **kwargs)
@@ -660,7 +666,7 @@ def greedy_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwa
 
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "num_samples", "max_len", "bos_id", "eos_id", "pad_id", "temperature", "top_k",
-    "top_p", "min_length", "alpha", "length_penalty_kind"))
+    "top_p", "min_length", "alpha", "length_penalty_kind", "unk_id"))
 def sample_jit(params, src, src_segments, max_lengths, keys, *, graphdef, **kwargs) -> BeamResult:
     """``sample`` on a model given as (graphdef, params); static as ``beam_search_jit`` (the
     keys are traced, so a new seed does not recompile)."""

@@ -212,7 +212,8 @@ class Translator:
         max_lengths = np.minimum(np.ceil(cfg.max_len_a * lengths + cfg.max_len_b), max_len)
         inputs = [src, (src != tok.pad_id).astype(np.int32), max_lengths.astype(np.int32)]
         common = dict(graphdef=self.graphdef, max_len=max_len, bos_id=tok.bos_id,
-                      eos_id=tok.eos_id, pad_id=tok.pad_id, min_length=cfg.min_length)
+                      eos_id=tok.eos_id, pad_id=tok.pad_id, min_length=cfg.min_length,
+                      unk_id=-1 if cfg.allow_unk else tok.unk_id)  # never " ⁇ " by default
         scoring = dict(alpha=cfg.alpha, length_penalty_kind=cfg.length_penalty)
         if cfg.sampling:
             inputs.append(np.asarray(sentence_keys(cfg.seed, line_ids)))

@@ -23,18 +23,18 @@ MAX_LEN = 8
 SAMPLING = dict(temperature=1.5, top_k=5, alpha=0.6)
 
 
-def tiny_model(vocab=12, seed=0, eos_bias=0.0, scale=8.0):
+def tiny_model(vocab=12, seed=0, eos_bias=0.0, scale=8.0, unk_bias=0.0):
     cfg = ModelConfig(vocab_size=vocab, d_model=16, num_heads=2, num_encoder_layers=1,
                       num_decoder_layers=1, d_ff=32, dropout_rate=0.0)
     model = build_model(cfg, seed=seed)
     # sharpen the output distribution (scale 8) so hypotheses differ clearly; sampling tests
     # use a flatter one (scale 2) so that samples differ
     model.embed.embedding[...] = model.embed.embedding[...] * scale
-    if eos_bias:
+    if eos_bias or unk_bias:
         # logits = norm(x) · Eᵀ: a norm bias b with E b = c·onehot(EOS) (vocab < d_model, so it
         # exists) adds c to the EOS logit and nothing to the others, whatever the context
         shift = np.zeros(vocab)
-        shift[EOS] = eos_bias
+        shift[EOS], shift[UNK] = eos_bias, unk_bias
         bias = np.linalg.pinv(np.asarray(model.embed.embedding[...])) @ shift
         model.decoder_norm.bias[...] = model.decoder_norm.bias[...] + jnp.asarray(bias)
     return nnx.split(model, nnx.Param)
@@ -304,6 +304,25 @@ def test_min_length_and_eos_only_at_the_end():
     # min_length 4: four tokens, then the (very likely) EOS; the third row's maximum (3) wins
     assert list(lengths) == [5, 5, 3]
     np.testing.assert_array_equal(np.asarray(res.lengths[:, 0]), [5, 5, 3])
+
+
+def test_the_unknown_piece_is_generated_only_when_not_banned():
+    # UNK made very likely: every search emits it unless its id is banned (the translator's
+    # default, decode.allow_unk=false)
+    graphdef, params = tiny_model(seed=7, unk_bias=60.0)
+    keys = sentence_keys(0, [0, 1, 2])
+    src, segs = pad_batch(SRCS)
+    limits = jnp.full((len(SRCS),), MAX_LEN, jnp.int32)
+    for unk_id, emitted in ((-1, True), (UNK, False)):
+        beam = beam_search_jit(params, src, segs, limits, graphdef=graphdef, beam_size=3,
+                               max_len=MAX_LEN, alpha=0.6, unk_id=unk_id, **IDS)
+        greedy, _ = greedy_search_jit(params, src, segs, limits, graphdef=graphdef,
+                                      max_len=MAX_LEN, unk_id=unk_id, **IDS)
+        sampled = sample_jit(params, src, segs, limits, keys, graphdef=graphdef, num_samples=4,
+                             max_len=MAX_LEN, unk_id=unk_id, **IDS, **SAMPLING)
+        for tokens in (beam.tokens, np.asarray(greedy)[:, None], sampled.tokens):
+            assert (UNK in np.asarray(tokens)) == emitted
+        check_well_formed(beam.tokens, beam.lengths, [MAX_LEN] * 3, 0)
 
 
 def test_max_length_forces_eos():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import re
 
 import numpy as np
@@ -78,7 +79,9 @@ def test_trained_once_then_reused(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("change", [{"texts": "one line more"}, {"vocab_size": 70},
-                                    {"model_type": "bpe"}, {"user_defined_symbols": ["<2es>"]}])
+                                    {"model_type": "bpe"}, {"user_defined_symbols": ["<2es>"]},
+                                    {"normalization": "identity"},
+                                    {"byte_fallback": True, "vocab_size": 300}])
 def test_changed_text_or_training_option_retrains(tmp_path, change):
     en, es = corpus()
     first = train_or_load(en + es, cfg(), tmp_path)
@@ -156,6 +159,13 @@ def test_vocabulary_too_small_for_the_alphabet_suggests_a_size_that_works(tmp_pa
     ({"user_defined_symbols": ["<a>", "<a>"]}, "tokenizer.user_defined_symbols"),
     ({"src_model_file": "x.model"}, "tokenizer.src_model_file"),
     ({"joint": False, "model_file": "x.model"}, "tokenizer.model_file"),
+    ({"normalization": "nfc"}, "tokenizer.normalization='nfc': expected one of nmt_nfkc, nfkc, "
+                               "nmt_nfkc_cf, nfkc_cf, identity"),
+    ({"byte_fallback": True}, "tokenizer.vocab_size=48: with tokenizer.byte_fallback=true it "
+                              "must exceed the 4 special ids, 0 user-defined symbols and the "
+                              "256 byte pieces"),
+    ({"model_file": "x.model", "normalization": "identity"}, "tokenizer.normalization='identity' "
+                                                            "applies to models trained by the run"),
 ])
 def test_invalid_options_are_named_before_training(tmp_path, change, key):
     with pytest.raises(TokenizerError, match=re.escape(key)):
@@ -163,6 +173,46 @@ def test_invalid_options_are_named_before_training(tmp_path, change, key):
     with pytest.raises(TokenizerError, match=re.escape(key)):
         train_or_load(["a b"] * 200, cfg(**change), tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_default_options_hash_as_before_the_newer_options(tmp_path):
+    """Runs trained before tokenizer.normalization/byte_fallback existed keep their models."""
+    en, es = corpus()
+    train_or_load(en + es, cfg(), tmp_path)
+    options = json.loads((tmp_path / "spm.json").read_text())["options"]
+    assert set(options) == {"vocab_size", "model_type", "character_coverage",
+                            "input_sentence_size", "user_defined_symbols"}
+
+
+ZWNJ = "\u200c"  # Persian zero-width non-joiner: part of the spelling of a word
+
+
+@pytest.mark.parametrize("rule, name", [("nmt_nfkc", "nmt_nfkc"), ("identity", "identity"),
+                                        ("nfkc_cf", "nfkc_cf")])
+def test_normalization_rule_reaches_the_model(tmp_path, rule, name):
+    en, es = corpus()
+    persian = [f"می{ZWNJ}خواهم بروم.", f"نمی{ZWNJ}دانم.", "Tom has a ︰ sign."] * 5
+    tok = train_or_load(en + es + persian, cfg(vocab_size=80, normalization=rule), tmp_path)
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(tok.path.read_bytes())
+    assert proto.normalizer_spec.name == name
+    [out] = tok.decode(tok.encode([f"می{ZWNJ}خواهم ︰ Tom"]))
+    expected = {"nmt_nfkc": "می خواهم .. Tom",  # ZWNJ → space (nmt_), U+FE30 → ".." (NFKC)
+                "identity": f"می{ZWNJ}خواهم ︰ Tom", "nfkc_cf": f"می{ZWNJ}خواهم .. tom"}
+    assert out == expected[rule]
+
+
+def test_byte_fallback_spells_unknown_characters_in_bytes_that_decode_back(tmp_path):
+    en, es = corpus()
+    text = "Tom sees 5 Ω."  # Ω and 5 are in no training sentence
+    plain = train_or_load(en + es, cfg(), tmp_path / "plain")
+    assert plain.decode(plain.encode([text])) == ["Tom sees  ⁇   ⁇ ."]
+    tok = train_or_load(en + es, cfg(vocab_size=300, byte_fallback=True), tmp_path / "bytes")
+    ids = tok.encode([text])[0].tolist()
+    assert tok.unk_id not in ids
+    assert [tok.sp.id_to_piece(i) for i in ids if tok.sp.is_byte(i)] == ["<0x35>", "<0xCE>",
+                                                                         "<0xA9>"]
+    assert tok.decode([ids]) == [text]
 
 
 def test_user_supplied_model_is_used_as_is(tmp_path, monkeypatch):

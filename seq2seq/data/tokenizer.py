@@ -31,10 +31,21 @@ log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MODEL_TYPES = ("unigram", "bpe")
+NORMALIZATIONS = ("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity")
+BYTE_PIECES = 256  # what byte_fallback adds to the vocabulary
 # The options that change what training produces; the reuse hash covers exactly these, so
 # e.g. pointing ``tgt_model_file`` at a file does not retrain the source model.
 _TRAINING_OPTIONS = ("vocab_size", "model_type", "character_coverage", "input_sentence_size",
                      "user_defined_symbols")
+# Later options, hashed only when not at their default (so older runs keep their models).
+_NEWER_OPTIONS = {"normalization": "nmt_nfkc", "byte_fallback": False}
+
+
+def _options(config: TokenizerConfig) -> dict:
+    options = {k: getattr(config, k) for k in _TRAINING_OPTIONS}
+    options.update({k: getattr(config, k) for k, default in _NEWER_OPTIONS.items()
+                    if getattr(config, k) != default})
+    return options
 
 
 class TokenizerError(ValueError):
@@ -148,14 +159,19 @@ def check_options(config: TokenizerConfig) -> None:
     """Reject tokenizer options SentencePiece would refuse with an opaque message.
 
     Raises:
-      TokenizerError: naming the key, for an unknown ``model_type``, ``character_coverage``
-        outside [0.98, 1], ``input_sentence_size`` in 1…100 or negative, ``vocab_size`` not
-        above the 4 special ids plus the user-defined symbols, an empty or duplicated
-        user-defined symbol, or model files that do not fit ``joint``.
+      TokenizerError: naming the key, for an unknown ``model_type`` or ``normalization``,
+        ``character_coverage`` outside [0.98, 1], ``input_sentence_size`` in 1…100 or
+        negative, ``vocab_size`` not above the 4 special ids plus the user-defined symbols
+        (plus 256 byte pieces with ``byte_fallback``), an empty or duplicated
+        user-defined symbol, model files that do not fit ``joint``, or ``normalization``/
+        ``byte_fallback`` set for models that are all given as files.
     """
     if config.model_type not in MODEL_TYPES:
         raise TokenizerError(f"tokenizer.model_type={config.model_type!r}: expected one of "
                              f"{', '.join(MODEL_TYPES)}")
+    if config.normalization not in NORMALIZATIONS:
+        raise TokenizerError(f"tokenizer.normalization={config.normalization!r}: expected one "
+                             f"of {', '.join(NORMALIZATIONS)}")
     if not 0.98 <= config.character_coverage <= 1.0:
         raise TokenizerError(f"tokenizer.character_coverage={config.character_coverage}: "
                              "SentencePiece accepts 0.98 to 1.0 (1.0 for small alphabets, "
@@ -170,12 +186,24 @@ def check_options(config: TokenizerConfig) -> None:
     if config.vocab_size <= 4 + len(symbols):
         raise TokenizerError(f"tokenizer.vocab_size={config.vocab_size}: must exceed the 4 "
                              f"special ids and {len(symbols)} user-defined symbols")
+    if config.byte_fallback and config.vocab_size <= 4 + len(symbols) + BYTE_PIECES:
+        raise TokenizerError(f"tokenizer.vocab_size={config.vocab_size}: with "
+                             f"tokenizer.byte_fallback=true it must exceed the 4 special ids, "
+                             f"{len(symbols)} user-defined symbols and the {BYTE_PIECES} byte "
+                             "pieces")
     if config.joint and (config.src_model_file or config.tgt_model_file):
         raise TokenizerError("tokenizer.src_model_file/tgt_model_file are for separate "
                              "vocabularies (tokenizer.joint=false); use tokenizer.model_file")
     if not config.joint and config.model_file:
         raise TokenizerError("tokenizer.model_file is one joint model but tokenizer.joint is "
                              "false; use tokenizer.src_model_file and tokenizer.tgt_model_file")
+    ready = config.model_file if config.joint else (config.src_model_file and
+                                                    config.tgt_model_file)
+    for key, default in _NEWER_OPTIONS.items():
+        if ready and getattr(config, key) != default:
+            raise TokenizerError(f"tokenizer.{key}={getattr(config, key)!r} applies to models "
+                                 "trained by the run, but the model files are given (they keep "
+                                 "the options they were trained with)")
 
 
 def model_names(config: TokenizerConfig, src_lang: str, tgt_lang: str) -> tuple[str, str]:
@@ -189,8 +217,7 @@ def model_names(config: TokenizerConfig, src_lang: str, tgt_lang: str) -> tuple[
 
 def _fingerprint(texts: Sequence[str], config: TokenizerConfig) -> str:
     h = hashlib.sha256()
-    options = {k: getattr(config, k) for k in _TRAINING_OPTIONS}
-    h.update(json.dumps(options, sort_keys=True).encode())
+    h.update(json.dumps(_options(config), sort_keys=True).encode())
     for t in texts:
         h.update(t.encode("utf-8"))
         h.update(b"\n")
@@ -255,6 +282,7 @@ def train_or_load(texts: Sequence[str], config: TokenizerConfig, workdir: str | 
             character_coverage=config.character_coverage,
             input_sentence_size=config.input_sentence_size, shuffle_input_sentence=True,
             user_defined_symbols=list(config.user_defined_symbols),
+            normalization_rule_name=config.normalization, byte_fallback=config.byte_fallback,
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             num_threads=2, minloglevel=2)
     except (RuntimeError, ValueError) as e:
@@ -263,8 +291,7 @@ def train_or_load(texts: Sequence[str], config: TokenizerConfig, workdir: str | 
     tmp = model_path.with_suffix(".tmp")
     tmp.write_bytes(model.getvalue())
     tmp.replace(model_path)
-    options = {k: getattr(config, k) for k in _TRAINING_OPTIONS}
-    meta_path.write_text(json.dumps({"sha256": digest, "options": options}, indent=1))
+    meta_path.write_text(json.dumps({"sha256": digest, "options": _options(config)}, indent=1))
     log.info("trained tokenizer %s (%d pieces) on the %s in %.1f s", model_path,
              config.vocab_size, what, time.perf_counter() - start)
     return Tokenizer(model_path)
