@@ -29,7 +29,7 @@ from seq2seq.training.loop import (DevBleu, Interrupted, TrainingDiverged, check
 from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.step import abstract_train_state
 from seq2seq.translation import Translator, check_decode_config
-from seq2seq.workdir import config_path
+from seq2seq.workdir import config_path, skipped_path
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,18 @@ def prepare_run(config: Config, *, checked: bool = False) -> tuple[Config, Prepa
     config = fill_vocab_sizes(config, data.tokenizer)
     if is_main_process():  # only process 0 writes files other than checkpoints
         save_config(config, config_path(workdir))
+        _write_skipped(workdir, data.skipped)
     return config, data
+
+
+def _write_skipped(workdir: Path, skipped: list[str]) -> None:
+    """``skipped.txt``: every pair skipped for an empty side (none: no file)."""
+    path = skipped_path(workdir)
+    if skipped:
+        path.write_text("".join(line + "\n" for line in skipped), encoding="utf-8")
+        log.warning("the %d skipped pairs are listed in %s", len(skipped), path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def train(config: Config, *, checked: bool = False) -> dict[str, Any]:

@@ -8,6 +8,7 @@ Layout::
       spm.model, spm.json  SentencePiece model and the hash of its inputs (separate
                            vocabularies: spm.{src_lang}.model/.json, spm.{tgt_lang}.model/.json)
       tokens/              cached token ids of each split and side (seq2seq.data.token_cache)
+      skipped.txt          pairs skipped for an empty side: ``split<TAB>file:line`` per line
       checkpoints/<step>/  orbax checkpoints (state + JSON bookkeeping), last k + best
       metrics.jsonl        one JSON object per log/eval event
       tensorboard/         the same metrics as TensorBoard event files
@@ -32,6 +33,11 @@ def config_path(workdir: str | Path) -> Path:
 def tokenizer_path(workdir: str | Path) -> Path:
     """``workdir/spm.model``."""
     return Path(workdir) / "spm.model"
+
+
+def skipped_path(workdir: str | Path) -> Path:
+    """``workdir/skipped.txt``."""
+    return Path(workdir) / "skipped.txt"
 
 
 def checkpoint_dir(workdir: str | Path) -> Path:

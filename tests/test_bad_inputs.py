@@ -2,6 +2,7 @@
 scoring API: each gives the right number or a message that names the file and line."""
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,42 @@ def test_scoring_api_warns_about_pieces_on_either_side(caplog):
         "chrF are meant for detokenized text (decode the pieces, e.g. with spm_decode)"]
     assert round(scores.bleu, 2) == 29.93  # scored as given; detokenized, the same lines give 100
     assert evaluation.piece_lines(["a ▁b", "c", "▁"]) == [1, 3]
+
+
+def test_train_names_skipped_pairs_reports_unknown_pieces_and_saves_tokenizer_options(
+        tmp_path, capsys):
+    """One tiny seq2seq-train run: empty lines named (file:line, all in skipped.txt), the
+    unknown-piece rate of every split side logged, the tokenizer options saved with the run."""
+    from seq2seq.config import load_config
+    from seq2seq.data.tokenizer import Tokenizer
+    from tiny_run import tiny_overrides, write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus", train=200, dev=8, test=4)
+    train_en, train_es = (Path(corpus["train"] + s) for s in (".en", ".es"))
+    en, es = train_en.read_text("utf-8").splitlines(), train_es.read_text("utf-8").splitlines()
+    en[2], es[9], en[40], es[40] = "", "  ", "", ""  # lines 3, 10 and 41 have an empty side
+    train_en.write_text("".join(s + "\n" for s in en), "utf-8")
+    train_es.write_text("".join(s + "\n" for s in es), "utf-8")
+    test_en = Path(corpus["test"] + ".en")
+    test_en.write_text(test_en.read_text("utf-8").replace(".", " Ω.", 1), "utf-8")  # not in train
+    workdir = tmp_path / "run"
+    overrides = tiny_overrides(corpus, workdir, "train.steps=1", "tokenizer.normalization=identity",
+                               "tokenizer.byte_fallback=false", "decode.allow_unk=false")
+    assert cli.train_main(overrides) == 0, capsys.readouterr().err
+    log = (workdir / "train.log").read_text("utf-8")
+    assert (f"train: skipped 3 of 200 pairs with an empty source or target ({corpus['train']}"
+            f".{{en,es}}): {train_en}:3, {train_es}:10, {train_en}:41\n") in log
+    assert (workdir / "skipped.txt").read_text("utf-8") == (
+        f"train\t{train_en}:3\ntrain\t{train_es}:10\ntrain\t{train_en}:41\n")
+    saved = load_config(workdir / "config.yaml")
+    assert (saved.tokenizer.normalization, saved.tokenizer.byte_fallback,
+            saved.decode.allow_unk) == ("identity", False, False)
+    tok = Tokenizer(workdir / "spm.model")
+    ids = tok.encode(test_en.read_text("utf-8").splitlines())
+    rate = sum(int((x == tok.unk_id).sum()) for x in ids) / sum(len(x) for x in ids)
+    assert 0 < rate < 0.1
+    assert (f"unknown pieces (share of tokens): train.source 0.000%, train.target 0.000%, "
+            f"dev.source 0.000%, dev.target 0.000%, test.source {rate:.3%}, test.target "
+            "0.000%\n") in log
+    hyps = (workdir / "test.hyp").read_text("utf-8")
+    assert "⁇" not in hyps and "<0x" not in hyps

@@ -48,6 +48,7 @@ class PreparedData:
       dev: packed dev batches in corpus order (for loss/accuracy).
       dev_text / test_text: raw dev/test pairs (for BLEU).
       stats: what was read, dropped, truncated and cached, and how fast (see ``prepare``).
+      skipped: ``split<TAB>file:line`` of every pair skipped for an empty side, in file order.
     """
 
     tokenizer: TokenizerPair
@@ -56,6 +57,7 @@ class PreparedData:
     dev_text: Corpus
     test_text: Corpus
     stats: dict[str, float] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
 
 
 def decode_source_limit(config: Config) -> int:
@@ -113,10 +115,18 @@ def fill_vocab_sizes(config: Config, tokenizer: TokenizerPair) -> Config:
     return replace(config, **changes) if changes else config
 
 
-def _read(config: Config, split: str):
-    data = config.data
-    return load_parallel(getattr(data, split), data.src_lang, data.tgt_lang,
-                         skip_empty=data.skip_empty, split_name=split)
+def _read(config: Config, split: str, skipped: list[str]):
+    data, places = config.data, []
+    ds = load_parallel(getattr(data, split), data.src_lang, data.tgt_lang,
+                       skip_empty=data.skip_empty, split_name=split, skipped=places)
+    skipped.extend(f"{split}\t{place}" for place in places)
+    return ds
+
+
+def unknown_rate(ids: Sequence[np.ndarray], unk_id: int) -> float:
+    """Share of the tokens (EOS included) in ``ids`` that are the unknown piece, in [0, 1]."""
+    total = sum(len(x) for x in ids)
+    return sum(int(np.sum(x == unk_id)) for x in ids) / total if total else 0.0
 
 
 def _text(ds) -> Corpus:
@@ -175,7 +185,9 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
     (epoch 0, in [0, 1]), ``read_seconds``, ``tokenizer_seconds`` (train or load the models),
     ``tokenize_sentences`` and ``tokenize_seconds`` (sentences tokenized now, not from the
     cache), ``tokenize_sentences_per_second`` (only when some were), ``token_cache_hits``
-    (split sides read from the cache) and ``token_cache_seconds``.
+    (split sides read from the cache), ``token_cache_seconds`` and the unknown-piece rate
+    of each side of each split (kept training pairs; dev and test before truncation), e.g.
+    ``train_source_unknown_rate`` (share of tokens, EOS included, in [0, 1]).
 
     Raises:
       ConfigError: tokenizer settings that cannot work (see ``check_vocabularies``).
@@ -186,8 +198,9 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
     d = config.data
     check_vocabularies(config)
     start = time.perf_counter()
-    train_ds, dev_ds = _read(config, "train"), _read(config, "dev")
-    test_ds = _read(config, "test") if need_test else None
+    skipped: list[str] = []
+    train_ds, dev_ds = _read(config, "train", skipped), _read(config, "dev", skipped)
+    test_ds = _read(config, "test", skipped) if need_test else None
     train, dev = _text(train_ds), _text(dev_ds)
     test = _text(test_ds) if need_test else Corpus([], [])
     stats: dict[str, float] = {"train_pairs_read": len(train.sources), "dev_pairs": len(dev.sources),
@@ -224,10 +237,20 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
     stats["dev_pairs_truncated"] = int(np.sum(cut_src | cut_tgt))
     dev_batches = PackedBatches(dev_src, dev_tgt, max_len=d.max_len, rows=rows, packing=d.packing,
                                 shuffle=False)
+    unknown = {"train.source": (src, tokenizer.source), "train.target": (tgt, tokenizer.target),
+               "dev.source": (dev_src, tokenizer.source), "dev.target": (dev_tgt, tokenizer.target)}
     if need_test:
         test_src = encode(tokenizer.source, test.sources, "test.source")
         limit = decode_source_limit(config)
         stats["test_sources_truncated"] = int(sum(len(x) > limit for x in test_src))
+        test_tgt = encode(tokenizer.target, test.targets, "test.target")
+        unknown.update({"test.source": (test_src, tokenizer.source),
+                        "test.target": (test_tgt, tokenizer.target)})
+    for name, (ids, tok) in unknown.items():
+        stats[f"{name.replace('.', '_')}_unknown_rate"] = unknown_rate(ids, tok.unk_id)
+    log.info("unknown pieces (share of tokens): %s",
+             ", ".join(f"{name} {stats[name.replace('.', '_') + '_unknown_rate']:.3%}"
+                       for name in unknown))
 
     stats["dev_sources_in_train"] = overlap_report(train_ds, dev_ds)
     if need_test:
@@ -239,4 +262,4 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
         log.warning("test: %d sources longer than %d tokens will be truncated (none dropped)",
                     stats["test_sources_truncated"], decode_source_limit(config))
     log.info("data: %s", ", ".join(f"{k}={v:.6g}" for k, v in stats.items()))
-    return PreparedData(tokenizer, train_batches, dev_batches, dev, test, stats)
+    return PreparedData(tokenizer, train_batches, dev_batches, dev, test, stats, skipped)
