@@ -51,12 +51,14 @@ def train_main(argv: Sequence[str] | None = None) -> int:
                                "resume.", argv)
     if isinstance(config, int):
         return config
-    from seq2seq.run import Interrupted, check_run_config, train  # heavy imports after arg checks
+    from seq2seq.run import (Interrupted, check_resume, check_run_config,  # heavy imports
+                             train)
     from seq2seq.sharding import initialize_distributed, is_main_process
 
     initialize_distributed(config.distributed)  # before any device use; no-op for one process
-    try:  # every check that needs no data, before the run directory or its log exist
+    try:  # every check that needs no data, before the run directory or its log exist (or move)
         check_run_config(config)
+        check_resume(config, quiet=True)
     except ValueError as e:
         return _fail(str(e))
     _setup_logging(Path(config.workdir) if is_main_process() else None)  # one train.log
@@ -162,7 +164,8 @@ def _decode_parser(prog: str, description: str) -> argparse.ArgumentParser:
                           "its line number only")
     long = parser.add_argument_group("long inputs")
     long.add_argument("--max-src-tokens", type=_positive_int,
-                      help="source limit in tokens, EOS included (default: max(data.max_len, 256))")
+                      help="source limit in tokens, EOS included (default: max(data.max_len, "
+                      "256), at most model.max_len with learned positions)")
     long.add_argument("--on-long", choices=("truncate", "reject"), default="truncate",
                       help="truncate a longer line (warning with its line number) or reject the "
                       "input (default: truncate)")
@@ -200,7 +203,18 @@ def _partitioner(config):
 def _translator(args, config, tokenizer, graphdef, params, decode):
     from seq2seq.translation import Translator
 
-    max_src = args.max_src_tokens or max(config.data.max_len, 256)
+    from seq2seq.config import check_position_limits
+    from seq2seq.data.pipeline import MIN_DECODE_SOURCE_LEN, decode_source_limit
+
+    if args.max_src_tokens:  # a learned position table must hold the lengths decoded
+        check_position_limits(replace(config, decode=decode), args.max_src_tokens,
+                              "--max-src-tokens")
+    else:
+        check_position_limits(replace(config, decode=decode),
+                              max(config.data.max_len, MIN_DECODE_SOURCE_LEN),
+                              f"the default --max-src-tokens max(data.max_len, "
+                              f"{MIN_DECODE_SOURCE_LEN}) up to model.max_len", capped=True)
+    max_src = args.max_src_tokens or decode_source_limit(config)
     return Translator(graphdef, params, tokenizer, decode, max_src_len=max_src,
                       on_long=args.on_long, partitioner=_partitioner(config))
 

@@ -229,6 +229,11 @@ class TrainConfig:
       test_checkpoint: parameters decoded for the final test score: ``best`` (the best
         checkpoint, if any) or ``last``.
       max_seconds: stop (and checkpoint) after this much training wall time (0 = no limit).
+      allow_config_change: resume a run whose saved ``config.yaml`` differs in a key that
+        changes what the run is (model, tokenizer, training data, batch arithmetic, optimizer,
+        schedule, seed); without it such a resume is refused (``seq2seq.run.RESUMABLE`` lists
+        the keys that may always change). The data position is then remapped by examples and
+        ``summary.md`` records the changes.
     """
 
     seed: int = 0
@@ -255,6 +260,7 @@ class TrainConfig:
     patience: int = 0
     test_checkpoint: str = "best"
     max_seconds: float = 0.0
+    allow_config_change: bool = False
 
 
 @dataclass(frozen=True)
@@ -403,6 +409,38 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"{path or 'overrides'}: {message}") from e
 
 
+def check_position_limits(config: Config, source_limit: int, source_key: str, *,
+                          capped: bool = False) -> None:
+    """Decoding lengths must fit a ``learned`` position table (``model.max_len`` rows; the
+    other schemes have no limit): sources of up to S tokens and outputs of up to
+    ``int(decode.max_len_a · S + decode.max_len_b)`` tokens, where S is ``source_limit``
+    (set by ``source_key``), or ``min(source_limit, model.max_len)`` when ``capped``. A gather
+    past the table would be clamped silently.
+
+    Raises:
+      ConfigError: naming the keys and their values, and a ``model.max_len`` that fits.
+    """
+    m, d = config.model, config.decode
+    if m.positions != "learned":
+        return
+    table = f"model.positions=learned has a table of model.max_len={m.max_len} positions"
+    if source_limit > m.max_len and not capped:
+        raise ConfigError(f"{table}, fewer than the {source_limit} source tokens of "
+                          f"{source_key}; lower {source_key} or raise model.max_len")
+
+    def longest(rows: int) -> int:
+        return int(d.max_len_a * (min(source_limit, rows) if capped else source_limit)
+                   + d.max_len_b)
+
+    if longest(m.max_len) > m.max_len:
+        fits = next(n for n in range(m.max_len, longest(source_limit) + 2) if longest(n) <= n)
+        source = min(source_limit, m.max_len) if capped else source_limit
+        raise ConfigError(f"{table}, but outputs may reach decode.max_len_a={d.max_len_a} × "
+                          f"{source} source tokens ({source_key}) + decode.max_len_b="
+                          f"{d.max_len_b} = {longest(m.max_len)} tokens; set model.max_len="
+                          f"{fits} or more, or lower decode.max_len_a / decode.max_len_b")
+
+
 def replace(config: Any, **changes: Any) -> Any:
     """``dataclasses.replace`` that accepts dotted keys, e.g. ``replace(c, **{"model.d_model": 8})``."""
     nested: dict[str, dict[str, Any]] = {}
@@ -421,6 +459,17 @@ def replace(config: Any, **changes: Any) -> Any:
 def to_dict(config: Any) -> dict[str, Any]:
     """The config as nested plain dicts (for YAML/JSON)."""
     return dataclasses.asdict(config)
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"train.steps": 4000, ...}``: every leaf of a config by its dotted key."""
+    out: dict[str, Any] = {}
+    for key, value in (to_dict(config) if dataclasses.is_dataclass(config) else config).items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def save_config(config: Config, path: str | Path) -> None:

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from seq2seq import evaluation
-from seq2seq.config import Config, ConfigError, replace, save_config
-from seq2seq.data.pipeline import (PreparedData, check_vocabularies, decode_source_limit,
-                                   fill_vocab_sizes, prepare)
+from seq2seq.config import (Config, ConfigError, check_position_limits, flatten, load_config,
+                            replace, save_config)
+from seq2seq.data.pipeline import (MIN_DECODE_SOURCE_LEN, PreparedData, check_vocabularies,
+                                   decode_source_limit, fill_vocab_sizes, prepare)
 from seq2seq.data.sources import FORMATS
 from seq2seq.sharding import (Partitioner, initialize_distributed, is_main_process,
                               main_process_first)
@@ -29,12 +30,22 @@ from seq2seq.training.loop import (DevBleu, Interrupted, TrainingDiverged, check
 from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.step import abstract_train_state
 from seq2seq.translation import Translator, check_decode_config
-from seq2seq.workdir import config_path, skipped_path
+from seq2seq.workdir import checkpoint_steps, config_changes_path, config_path, skipped_path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Interrupted", "TrainingDiverged", "check_run_config", "dev_bleu", "prepare_run",
-           "train"]
+__all__ = ["RESUMABLE", "Interrupted", "TrainingDiverged", "check_resume", "check_run_config",
+           "dev_bleu", "prepare_run", "train"]
+
+# Keys (or sections, ending in ".") that may change when a run resumes: they change how it goes
+# on, not what it is. Any other change is refused unless train.allow_config_change=true.
+RESUMABLE = ("workdir", "train.steps", "train.eval_every", "train.checkpoint_every",
+             "train.log_every", "train.dev_bleu", "train.bleu_subset", "train.bleu_beam_size",
+             "train.patience", "train.keep_checkpoints", "train.keep_best", "train.test_checkpoint",
+             "train.max_seconds", "train.max_skipped_steps", "train.allow_config_change",
+             "decode.", "data.dev.", "data.test.", "mesh.", "distributed.")
+# Changes that move the data position: it is remapped by examples (see remap_position).
+BATCHING = ("data.max_tokens", "data.max_len", "data.packing")
 
 
 def check_run_config(config: Config) -> None:
@@ -66,6 +77,9 @@ def check_run_config(config: Config) -> None:
     if m.positions == "learned" and m.max_len < d.max_len:
         raise ConfigError(f"model.positions=learned has a table of model.max_len={m.max_len} "
                           f"positions, fewer than data.max_len={d.max_len}: raise model.max_len")
+    check_position_limits(config, max(d.max_len, MIN_DECODE_SOURCE_LEN),
+                          f"the test decode's source limit max(data.max_len, "
+                          f"{MIN_DECODE_SOURCE_LEN}) up to model.max_len", capped=True)
     if m.d_model % m.num_heads:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by "
                           f"model.num_heads={m.num_heads}")
@@ -74,6 +88,46 @@ def check_run_config(config: Config) -> None:
                                             "model.src_vocab_size": m.src_vocab_size or vocab}))
     partitioner = Partitioner.from_config(config)
     partitioner.process_rows(d.max_tokens // d.max_len)  # rows split over data × fsdp
+
+
+def _resumable(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE)
+
+
+def check_resume(config: Config, *, quiet: bool = False) -> tuple[Config | None,
+                                                                  list[tuple[str, Any, Any]]]:
+    """Compare ``config`` with the saved ``config.yaml`` of a run that has checkpoints.
+
+    Keys in ``RESUMABLE`` may change (each change is logged); a change to any other key is
+    refused unless ``train.allow_config_change``. A vocabulary size of 0 (from the tokenizer)
+    matches the saved size. Nothing is written; ``quiet``: the changes are not logged.
+
+    Returns:
+      (the saved config, or None for a new run; the changes as ``(key, saved, new)``).
+
+    Raises:
+      ConfigError: a refused change; the message names each key with its saved and new value.
+    """
+    workdir = Path(config.workdir)
+    steps = checkpoint_steps(workdir)
+    if not steps or not config_path(workdir).is_file():
+        return None, []
+    saved = load_config(config_path(workdir))
+    old, new = flatten(saved), flatten(config)
+    changes = [(k, old.get(k), v) for k, v in new.items() if old.get(k) != v
+               and k != "workdir"
+               and not (k in ("model.vocab_size", "model.src_vocab_size") and v == 0)]
+    refused = [c for c in changes if not _resumable(c[0])]
+    listed = "; ".join(f"{k}: {a!r} → {b!r}" for k, a, b in refused)
+    if refused and not config.train.allow_config_change:
+        raise ConfigError(
+            f"{workdir} holds a run at step {steps[-1]} whose {config_path(workdir).name} differs "
+            f"in settings that change what the run is: {listed}. Resume with the saved values, "
+            f"use another workdir, or set train.allow_config_change=true")
+    for k, a, b in [] if quiet else changes:
+        level = logging.WARNING if (k, a, b) in refused else logging.INFO
+        log.log(level, "resuming step %d with %s changed: %r → %r", steps[-1], k, a, b)
+    return saved, changes
 
 
 def dev_bleu(data: PreparedData, config: Config) -> DevBleu:
@@ -105,13 +159,15 @@ def _translate_and_score(translator: Translator, sources: list[str], references:
     return evaluation.score(hyps, references), hyps
 
 
-def prepare_run(config: Config, *, checked: bool = False) -> tuple[Config, PreparedData]:
-    """Check the config, create the workdir, prepare the data and write ``config.yaml``.
+def prepare_run(config: Config, *, checked: bool = False) -> tuple[Config, PreparedData, Any]:
+    """Check the config (and, when resuming, its changes: ``check_resume``), create the
+    workdir, prepare the data and write ``config.yaml``.
 
     ``checked``: the caller already ran ``check_run_config`` (it is not run twice).
 
     Returns:
-      The config with ``model.vocab_size`` filled in from the tokenizer, and the data.
+      The config with ``model.vocab_size`` filled in from the tokenizer; the data; and the
+      saved ``DataConfig`` when a resume changed the batching (``BATCHING``), else None.
 
     Raises:
       ConfigError / MeshError: invalid settings (``check_run_config``), before any work.
@@ -122,6 +178,7 @@ def prepare_run(config: Config, *, checked: bool = False) -> tuple[Config, Prepa
     if not checked:  # seq2seq-train checks before it sets up its log
         check_run_config(config)
     workdir = Path(config.workdir)
+    saved, changes = check_resume(config)  # before anything in the run directory is rewritten
     workdir.mkdir(parents=True, exist_ok=True)
     with main_process_first("prepare"):  # the tokenizer is trained once, then loaded
         data = prepare(config, workdir)
@@ -129,7 +186,14 @@ def prepare_run(config: Config, *, checked: bool = False) -> tuple[Config, Prepa
     if is_main_process():  # only process 0 writes files other than checkpoints
         save_config(config, config_path(workdir))
         _write_skipped(workdir, data.skipped)
-    return config, data
+        if changes:
+            step = checkpoint_steps(workdir)[-1]
+            with config_changes_path(workdir).open("a", encoding="utf-8") as f:
+                for key, old, new in changes:
+                    f.write(json.dumps({"step": step, "key": key, "saved": old, "new": new},
+                                       ensure_ascii=False) + "\n")
+    remap = saved.data if saved and any(k in BATCHING for k, _, _ in changes) else None
+    return config, data, remap
 
 
 def _write_skipped(workdir: Path, skipped: list[str]) -> None:
@@ -162,10 +226,10 @@ def train(config: Config, *, checked: bool = False) -> dict[str, Any]:
       CheckpointError: the existing checkpoint does not match the configured model.
     """
     wall_start = time.perf_counter()
-    config, data = prepare_run(config, checked=checked)
+    config, data, remap = prepare_run(config, checked=checked)
     workdir = Path(config.workdir)
     try:
-        result = fit(config, data, dev_bleu=dev_bleu(data, config))
+        result = fit(config, data, dev_bleu=dev_bleu(data, config), remap_data_from=remap)
     except (Interrupted, TrainingDiverged) as e:
         status = "interrupted" if isinstance(e, Interrupted) else "diverged"
         if is_main_process():

@@ -3,6 +3,7 @@ files, examples and the resolved config), written by ``seq2seq.run``."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import yaml
 
 from seq2seq.config import Config, to_dict
 from seq2seq.training.metrics import read_metrics
-from seq2seq.workdir import checkpoint_steps, config_path, tokenizer_path
+from seq2seq.workdir import checkpoint_steps, config_changes_path, config_path, tokenizer_path
 
 
 def _fmt(value: Any, spec: str = ".4g") -> str:
@@ -93,7 +94,16 @@ def summary_markdown(workdir: str | Path, config: Config, summary: dict[str, Any
                          f"{_fmt(d.get('ppl'), '.2f')} | {_fmt(d.get('bleu'), '.2f')} |")
         lines.append("")
 
-    files = [("config.yaml", "resolved config"), ("spm.model", "SentencePiece model"),
+    changes_file = config_changes_path(workdir)
+    if changes_file.is_file():
+        lines += ["## Config changes on resume", "", "| at step | key | saved | new |",
+                  "|---|---|---|---|"]
+        for line in changes_file.read_text(encoding="utf-8").splitlines():
+            c = json.loads(line)
+            lines.append(f"| {c['step']} | `{c['key']}` | {c['saved']!r} | {c['new']!r} |")
+        lines.append("")
+
+    files = [("config.yaml", "resolved config"), ("config_changes.jsonl", "changes on resume"), ("spm.model", "SentencePiece model"),
              ("checkpoints", "orbax checkpoints"), ("metrics.jsonl", "metrics, one JSON object per line"),
              ("tensorboard", "TensorBoard event files"), ("test.hyp", "test hypotheses"),
              ("test.json", "test scores, signatures, timings, examples"),

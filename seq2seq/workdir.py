@@ -5,6 +5,7 @@ Layout::
 
     workdir/
       config.yaml          resolved config (vocab_size filled in)
+      config_changes.jsonl settings changed on resume: ``{"step", "key", "saved", "new"}``
       spm.model, spm.json  SentencePiece model and the hash of its inputs (separate
                            vocabularies: spm.{src_lang}.model/.json, spm.{tgt_lang}.model/.json)
       tokens/              cached token ids of each split and side (seq2seq.data.token_cache)
@@ -28,6 +29,11 @@ from pathlib import Path
 def config_path(workdir: str | Path) -> Path:
     """``workdir/config.yaml``."""
     return Path(workdir) / "config.yaml"
+
+
+def config_changes_path(workdir: str | Path) -> Path:
+    """``workdir/config_changes.jsonl``."""
+    return Path(workdir) / "config_changes.jsonl"
 
 
 def tokenizer_path(workdir: str | Path) -> Path:

@@ -45,7 +45,7 @@ def _config(corpus, workdir, *extra):
 
 
 def _fit(corpus, workdir, *extra):
-    config, data = prepare_run(_config(corpus, workdir, *extra))
+    config, data, _ = prepare_run(_config(corpus, workdir, *extra))
     return fit(config, data)
 
 
@@ -310,8 +310,46 @@ def test_an_added_action_runs_at_its_period_and_sees_the_step(corpus, tmp_path):
     from seq2seq.training.loop import Action
 
     seen = []
-    config, data = prepare_run(_config(corpus, tmp_path / "run", "train.steps=7",
+    config, data, _ = prepare_run(_config(corpus, tmp_path / "run", "train.steps=7",
                                        "train.checkpoint_every=3"))
     fit(config, data, actions=[Action("record", 3, lambda loop: seen.append(
         (loop.progress.step, loop.progress.last_saved, int(loop.state.step))))])
     assert seen == [(3, 3, 3), (6, 6, 6), (7, 7, 7)]
+
+
+def test_resume_refuses_settings_that_change_the_run_and_remaps_data_on_request(
+        corpus, tmp_path, capsys):
+    workdir = tmp_path / "run"
+    base = tiny_overrides(corpus, workdir, f"tokenizer.model_file={corpus['spm']}",
+                          "train.steps=6", "train.checkpoint_every=6", "train.eval_every=6",
+                          "decode.test_limit=2", "data.max_tokens=512")
+    assert cli.train_main(base) == 0
+    saved = (workdir / "config.yaml").read_text()
+    before = {p.name: p.stat().st_mtime_ns for p in workdir.iterdir() if p.is_file()}
+
+    # what the run is: refused with key, saved and new value; nothing in the run directory moves
+    capsys.readouterr()
+    assert cli.train_main(base + ["train.steps=8", "train.warmup_steps=7",
+                                  "data.max_tokens=256"]) == 2
+    err = capsys.readouterr().err
+    assert "train.warmup_steps: 4 → 7" in err and "data.max_tokens: 512 → 256" in err
+    assert "train.steps" not in err.split("differs")[1]  # steps may change
+    assert "train.allow_config_change=true" in err
+    assert (workdir / "config.yaml").read_text() == saved
+    assert {p.name: p.stat().st_mtime_ns for p in workdir.iterdir() if p.is_file()} == before
+
+    # how it goes on: logged, and config.yaml records the new value
+    assert cli.train_main(base + ["train.steps=8", "train.log_every=1"]) == 0
+    assert "resuming step 6 with train.steps changed: 6 → 8" in capsys.readouterr().err
+    changes = [json.loads(x) for x in (workdir / "config_changes.jsonl").read_text().splitlines()]
+    assert [(c["step"], c["key"], c["saved"], c["new"]) for c in changes] == [
+        (6, "train.steps", 6, 8), (6, "train.log_every", 2, 1)]
+
+    # allowed on request: the batching changes and the position is remapped by examples
+    assert cli.train_main(base + ["train.steps=9", "data.max_tokens=256",
+                                  "train.allow_config_change=true"]) == 0
+    err = capsys.readouterr().err
+    moved = re.search(r"data position remapped by examples from micro-batch (\d+) to (\d+)", err)
+    assert moved and (int(moved[1]), int(moved[2])) == (8, 16)  # half the rows per batch
+    text = (workdir / "summary.md").read_text()
+    assert "## Config changes on resume" in text and "| 8 | `data.max_tokens` | 512 | 256 |" in text

@@ -43,11 +43,23 @@ def test_loss_ignores_padding():
 
 
 def test_schedule_warmup_then_inverse_sqrt():
+    # optax counts updates from 0; the rate of optimizer step n = count + 1 is eq. 3's
     cfg = TrainConfig(learning_rate=1e-3, warmup_steps=100)
     lr = learning_rate_schedule(cfg)
-    np.testing.assert_allclose(lr(50), 0.5e-3, rtol=1e-6)
-    np.testing.assert_allclose(lr(100), 1e-3, rtol=1e-6)
-    np.testing.assert_allclose(lr(400), 1e-3 * np.sqrt(100 / 400), rtol=1e-6)
+    np.testing.assert_allclose(lr(0), 1e-5, rtol=1e-6)  # step 1 already moves the parameters
+    np.testing.assert_allclose(lr(49), 0.5e-3, rtol=1e-6)
+    np.testing.assert_allclose(lr(99), 1e-3, rtol=1e-6)
+    np.testing.assert_allclose(lr(399), 1e-3 * np.sqrt(100 / 400), rtol=1e-6)
+
+
+def test_the_first_optimizer_step_changes_the_parameters():
+    batch = unpacked_batch(*random_pairs(4, np.random.default_rng(7)), 10)
+    graphdef, state, train_step = _setup()
+    init = jax.tree.map(np.array, state.params)
+    new, _ = train_step(state, batch)
+    moved = max(float(np.abs(np.asarray(a) - b).max())
+                for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(init)))
+    assert moved > 1e-5
 
 
 def _setup(seed=0, dropout=0.0, lr=3e-3):

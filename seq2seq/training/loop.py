@@ -72,7 +72,7 @@ class TrainingDiverged(RuntimeError):
 class _StopFlag:
     """Turns SIGINT/SIGTERM into a flag checked between steps (restores handlers on exit)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.signum: int | None = None
 
     def __enter__(self):
@@ -124,6 +124,29 @@ def train_batch(batches: PackedBatches, first: int, accum: int) -> dict[str, np.
     return {k: np.stack([m[k] for m in micro]) for k in micro[0]}
 
 
+def remap_position(batches: PackedBatches, position: int, old: Any) -> int:
+    """The micro-batch of ``batches`` that starts where ``position`` micro-batches of the old
+    batching (``old``: a ``DataConfig`` with ``max_len``, ``max_tokens``, ``packing``) ended.
+
+    Epoch e shuffles the pairs with ``(seed, e)`` whatever the batching, so the same epoch is
+    resumed at the first batch after the same share of its pairs (pairs longer than the old
+    ``max_len`` are left out of the old view: the old run dropped them).
+    """
+    keep = [i for i in range(len(batches.src))
+            if batches.src_lengths[i] <= old.max_len and batches.tgt_lengths[i] <= old.max_len]
+    before = PackedBatches([batches.src[i] for i in keep], [batches.tgt[i] for i in keep],
+                           max_len=old.max_len, rows=old.max_tokens // old.max_len,
+                           seed=batches.seed, packing=old.packing)
+    epoch, index = before.locate(position)
+    rows = before.epoch_rows(epoch)
+    share = sum(len(r) for r in rows[:index * before.rows]) / max(len(keep), 1)
+    seen = share * len(batches.src)  # pairs of this epoch already trained on, in the new view
+    pairs = np.cumsum([len(r) for r in batches.epoch_rows(epoch)])  # pairs in the first k+1 rows
+    rows_seen = int(np.searchsorted(pairs, seen - 1e-6)) + 1 if seen > 0 else 0
+    start = sum(batches.batches_in_epoch(e) for e in range(epoch))
+    return start + min(-(-rows_seen // batches.rows), batches.batches_in_epoch(epoch))
+
+
 def dev_evaluator(graphdef: Any, param_shardings: Any, data: PreparedData, config: Config,
                   partitioner: Partitioner,
                   dev_bleu: DevBleu | None = None) -> Callable[[Any], dict[str, float]]:
@@ -155,6 +178,7 @@ def dev_evaluator(graphdef: Any, param_shardings: Any, data: PreparedData, confi
         dev = {"loss": totals["loss"] / n, "nll": totals["nll"] / n,
                "accuracy": totals["correct"] / n, "ppl": float(np.exp(totals["nll"] / n))}
         if config.train.dev_bleu:
+            assert dev_bleu is not None  # checked above
             dev.update(dev_bleu(params, graphdef, partitioner))
         return dev
 
@@ -258,7 +282,7 @@ def _load_or_init(config: Config, checkpointer: Checkpointer, partitioner: Parti
 
 
 def fit(config: Config, data: PreparedData, *, dev_bleu: DevBleu | None = None,
-        actions: Sequence[Action] = ()) -> FitResult:
+        actions: Sequence[Action] = (), remap_data_from: Any = None) -> FitResult:
     """Run (or resume) the optimisation of ``config`` on ``data`` up to ``train.steps``.
 
     Every ``eval_every`` steps the dev split is scored (loss, accuracy, BLEU on a subset); a new
@@ -266,7 +290,9 @@ def fit(config: Config, data: PreparedData, *, dev_bleu: DevBleu | None = None,
     ``keep_checkpoints``); ``patience`` evaluations without improvement stop early. Each of
     these is an ``Action`` of ``default_actions``; ``actions`` adds more (run after the
     checkpoint action, e.g. ``Action("histogram", 100, fn)``). ``dev_bleu`` scores dev BLEU
-    (needed when ``train.dev_bleu``; ``seq2seq.run.dev_bleu`` makes one).
+    (needed when ``train.dev_bleu``; ``seq2seq.run.dev_bleu`` makes one). ``remap_data_from``:
+    the ``DataConfig`` the checkpoint was trained with when the batching changed since
+    (``remap_position``).
 
     Returns:
       A FitResult; ``test_params`` are the parameters selected by ``train.test_checkpoint``.
@@ -287,6 +313,13 @@ def fit(config: Config, data: PreparedData, *, dev_bleu: DevBleu | None = None,
         log.info("%s", partitioner)
         graphdef, state, meta = _load_or_init(config, checkpointer, partitioner)
         progress = Progress.from_meta(meta, int(state.step), config)
+        if meta is not None and remap_data_from is not None:
+            old = progress.micro_batches
+            progress.micro_batches = remap_position(data.train, old, remap_data_from)
+            epoch, index = data.train.locate(progress.micro_batches)
+            log.warning("the batching changed: data position remapped by examples from "
+                        "micro-batch %d to %d (epoch %d, batch %d of %d)", old,
+                        progress.micro_batches, epoch, index, data.train.batches_in_epoch(epoch))
         writer = cleanup.enter_context(contextlib.closing(
             MetricsWriter(workdir, resume_step=progress.last_saved, enabled=is_main_process())))
         if meta is not None:
@@ -456,6 +489,7 @@ def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, p
         loop.stop_flag = stop
         batch = train_batch(data.train, p.micro_batches, accum) if p.step < tcfg.steps else None
         while p.step < tcfg.steps:
+            assert batch is not None  # None only when no step is left to run
             t0 = time.perf_counter()
             target = int((batch["tgt_segments"] > 0).sum())
             real = target + int((batch["src_segments"] > 0).sum())

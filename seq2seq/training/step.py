@@ -10,6 +10,7 @@ randomness it would have. A step may accumulate gradients over several micro-bat
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -49,15 +50,18 @@ class TrainState:
 def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
     """Linear warmup to ``learning_rate``, then inverse-square-root decay.
 
-    lr(s) = peak · min(s / warmup, sqrt(warmup / s)) — Vaswani et al. 2017, eq. 3, with the
-    peak set directly instead of through d_model^-0.5.
+    lr(n) = peak · min(n / warmup, sqrt(warmup / n)) for optimizer step n = count + 1 (optax
+    counts the updates already made from 0, so step 1 trains at peak / warmup, not at 0) —
+    Vaswani et al. 2017, eq. 3, with the peak set directly instead of through d_model^-0.5.
     """
     warmup = max(config.warmup_steps, 1)
     peak = config.learning_rate
-    return optax.join_schedules(
-        [optax.linear_schedule(0.0, peak, warmup),
-         lambda count: peak * jnp.sqrt(warmup / jnp.maximum(count + warmup, 1))],
-        boundaries=[warmup])
+
+    def schedule(count):
+        n = jnp.asarray(count, jnp.float32) + 1.0
+        return peak * jnp.minimum(n / warmup, jnp.sqrt(warmup / n))
+
+    return schedule
 
 
 def _decay_mask(params: Any) -> Any:
@@ -244,8 +248,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
     """
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         if param_layout is not None:
-            state = state.replace(params=jax.lax.with_sharding_constraint(state.params,
-                                                                          param_layout))
+            state = dataclasses.replace(state, params=jax.lax.with_sharding_constraint(
+                state.params, param_layout))
         batch = {k: v[None] if v.ndim == 2 else v for k, v in batch.items()}
         dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
         grads, sums = accumulate_gradients(state.params, batch, dropout_key, graphdef=graphdef,
@@ -255,9 +259,10 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
         updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-        new_state = state.replace(step=state.step + 1, params=keep(new_params, state.params),
-                                  opt_state=keep(new_opt_state, state.opt_state),
-                                  skipped=jnp.where(ok, 0, state.skipped + 1))
+        new_state = dataclasses.replace(state, step=state.step + 1,
+                                        params=keep(new_params, state.params),
+                                        opt_state=keep(new_opt_state, state.opt_state),
+                                        skipped=jnp.where(ok, 0, state.skipped + 1))
         metrics = dict(sums, grad_norm=grad_norm, skipped=(~ok).astype(jnp.float32))
         return new_state, metrics
 
