@@ -317,6 +317,7 @@ def test_an_added_action_runs_at_its_period_and_sees_the_step(corpus, tmp_path):
     assert seen == [(3, 3, 3), (6, 6, 6), (7, 7, 7)]
 
 
+@pytest.mark.slow
 def test_resume_refuses_settings_that_change_the_run_and_remaps_data_on_request(
         corpus, tmp_path, capsys):
     workdir = tmp_path / "run"
