@@ -89,6 +89,30 @@ def test_scoring_api_warns_about_pieces_on_either_side(caplog):
     assert evaluation.piece_lines(["a ▁b", "c", "▁"]) == [1, 3]
 
 
+def test_translate_refuses_a_source_limit_beyond_the_learned_position_table(echo_run, capsys,
+                                                                             monkeypatch):
+    from dataclasses import replace
+
+    from seq2seq.config import ModelConfig
+
+    tmp, seen = echo_run
+    config = Config(workdir=str(tmp), data=DataConfig(max_len=32), decode=DECODE,
+                    model=ModelConfig(positions="learned", max_len=64))
+    monkeypatch.setattr("seq2seq.trained.load_trained",
+                        lambda workdir, step=None: (config, None, None, None))
+    (tmp / "in").write_text("Hola.\n", encoding="utf-8")
+    argv = ["--workdir", "RUN", "--input", str(tmp / "in")]
+    assert cli.translate_main(argv + ["--max-src-tokens", "100"]) == 2
+    assert capsys.readouterr().err == (
+        "error: model.positions=learned has a table of model.max_len=64 positions, fewer than "
+        "the 100 source tokens of --max-src-tokens; lower --max-src-tokens or raise "
+        "model.max_len\n")
+    assert cli.translate_main(argv + ["--max-src-tokens", "64"]) == 0  # 0.5 × 64 + 4 ≤ 64
+    config = replace(config, decode=replace(DECODE, max_len_a=1.0))
+    assert cli.translate_main(argv) == 2  # the default limit is 64 here: 1.0 × 64 + 4 > 64
+    assert "= 68 tokens; set model.max_len=260 or more" in capsys.readouterr().err
+
+
 def test_train_names_skipped_pairs_reports_unknown_pieces_and_saves_tokenizer_options(
         tmp_path, capsys):
     """One tiny seq2seq-train run: empty lines named (file:line, all in skipped.txt), the

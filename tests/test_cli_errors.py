@@ -15,6 +15,13 @@ from tiny_run import tiny_overrides, write_corpus
     (["data.max_tokens=16"], "data.max_tokens=16 is less than one row of data.max_len=32"),
     (["model.positions=learned", "model.max_len=16"], "model.max_len=16 positions, fewer than "
                                                       "data.max_len=32"),
+    (["model.positions=learned", "model.max_len=128"],  # decodes 1.0 × 128 + 4 tokens
+     "model.positions=learned has a table of model.max_len=128 positions, but outputs may reach "
+     "decode.max_len_a=1.0 × 128 source tokens (the test decode's source limit max(data.max_len, "
+     "256) up to model.max_len) + decode.max_len_b=4 = 132 tokens; set model.max_len=260 or "
+     "more, or lower decode.max_len_a / decode.max_len_b"),
+    (["model.positions=learned", "decode.max_len_a=2.5"], "outputs may reach decode.max_len_a=2.5 "
+                                                          "× 256 source tokens"),
     (["model.positions=absolute"], "model.positions must be one of sinusoidal, learned"),
     (["model.num_heads=3"], "model.d_model=16 is not divisible by model.num_heads=3"),
     (["tokenizer.model_type=word"], "tokenizer.model_type='word'"),

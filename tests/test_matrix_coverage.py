@@ -5,13 +5,14 @@ import re
 
 from seq2seq.config import MODEL_CHOICES
 from seq2seq.data.sources import FORMATS
-from seq2seq.data.tokenizer import MODEL_TYPES
+from seq2seq.data.tokenizer import MODEL_TYPES, NORMALIZATIONS
 from seq2seq.translation import LENGTH_PENALTIES
 from test_matrix import CHAINS
 from tiny_run import ROOT
 
 CHOICES = {**{f"model.{k}": v for k, v in MODEL_CHOICES.items()},
-           "tokenizer.model_type": MODEL_TYPES, "decode.length_penalty": LENGTH_PENALTIES}
+           "tokenizer.model_type": MODEL_TYPES, "tokenizer.normalization": NORMALIZATIONS,
+           "decode.length_penalty": LENGTH_PENALTIES}
 
 
 def _values(key):
@@ -24,6 +25,7 @@ def test_matrix_covers_every_choice():
         assert set(choices) <= _values(key), key
     assert set(FORMATS) <= _values("format")
     assert {"true", "false"} <= _values("tokenizer.joint")
+    assert "true" in _values("tokenizer.byte_fallback") and "true" in _values("decode.allow_unk")
     # each position scheme in both dtypes, the separate vocabularies with both untied modes
     pairs = {(c["model.positions"], c["model.dtype"]) for c in CHAINS.values()}
     assert pairs == {(p, d) for p in MODEL_CHOICES["positions"] for d in MODEL_CHOICES["dtype"]}

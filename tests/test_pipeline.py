@@ -93,7 +93,9 @@ def test_only_training_pairs_are_dropped_and_every_cut_is_counted(toy):
     train_sources = set(toy["train"][0])
     assert s["dev_sources_in_train"] == sum(x in train_sources for x in toy["dev"][0])
     assert s["test_sources_in_train"] == sum(x in train_sources for x in toy["test"][0])
-    assert s["tokenize_sentences"] == 2 * 302 + 2 * 21 + 11
+    assert s["tokenize_sentences"] == 2 * 302 + 2 * 21 + 2 * 11  # test targets: unknown rate
+    assert [s[f"{split}_{side}_unknown_rate"] for split in ("train", "dev", "test")
+            for side in ("source", "target")] == [0.0] * 6  # the toy text is all in the vocabulary
     assert s["tokenize_sentences_per_second"] > 0 and s["token_cache_hits"] == 0
     assert 0.5 < s["train_real_token_share"] <= 1
     # every dev pair is in the dev batches, the long one cut to max_len and ending in EOS
@@ -108,13 +110,14 @@ def test_a_second_run_neither_retrains_nor_retokenizes(toy, monkeypatch):
     first = prepare(config, config.workdir)
     cached = sorted(p.name.split(".")[0] + "." + p.name.split(".")[1]
                     for p in (Path(config.workdir) / "tokens").glob("*.npz"))
-    assert cached == ["dev.source", "dev.target", "test.source", "train.source", "train.target"]
+    assert cached == ["dev.source", "dev.target", "test.source", "test.target", "train.source",
+                      "train.target"]
 
     monkeypatch.setattr(spm.SentencePieceTrainer, "train", lambda **kw: pytest.fail("retrained"))
     monkeypatch.setattr(Tokenizer, "encode", lambda *a, **kw: pytest.fail("tokenized again"))
     second = prepare(config, config.workdir)
     s = second.stats
-    assert s["token_cache_hits"] == 5 and s["tokenize_sentences"] == 0
+    assert s["token_cache_hits"] == 6 and s["tokenize_sentences"] == 0
     assert "tokenize_sentences_per_second" not in s
     for key in ("train_pairs", "train_pairs_dropped_length", "train_pairs_dropped_ratio",
                 "dev_pairs_truncated", "test_sources_truncated", "train_real_token_share"):
@@ -225,8 +228,8 @@ def test_shipped_corpus_end_to_end_share_and_cache(tmp_path):
     assert s["train_pairs_dropped_length"] + s["train_pairs_dropped_ratio"] < 100
     assert s["train_real_token_share"] >= 0.9
     assert all(real_token_share(first.train.batch_at(k)) >= 0.9 for k in range(10))
-    assert s["tokenize_sentences"] == 2 * 136_672 + 2 * 1_416 + 2_780
+    assert s["tokenize_sentences"] == 2 * 136_672 + 2 * 1_416 + 2 * 2_780
     second = prepare(config, tmp_path)
-    assert second.stats["token_cache_hits"] == 5 and second.stats["tokenize_sentences"] == 0
+    assert second.stats["token_cache_hits"] == 6 and second.stats["tokenize_sentences"] == 0
     for key in FIELDS:
         np.testing.assert_array_equal(first.train.batch_at(7)[key], second.train.batch_at(7)[key])

@@ -61,12 +61,14 @@ class PreparedData:
 
 
 def decode_source_limit(config: Config) -> int:
-    """Longest source, in tokens, that translation decodes whole: ``max(data.max_len, 256)``.
+    """Longest source, in tokens, that translation decodes whole: ``max(data.max_len, 256)``,
+    and at most ``model.max_len`` with ``learned`` positions (the table has no more rows).
 
     The training loop gives this to ``Translator(max_src_len=...)`` for the test split, and
     ``prepare`` counts the test sources beyond it (``test_sources_truncated``).
     """
-    return max(config.data.max_len, MIN_DECODE_SOURCE_LEN)
+    limit = max(config.data.max_len, MIN_DECODE_SOURCE_LEN)
+    return min(limit, config.model.max_len) if config.model.positions == "learned" else limit
 
 
 def check_vocabularies(config: Config) -> None:
