@@ -14,8 +14,8 @@ Sections (``--only``, comma-separated; default all):
   ``jnp.dot`` peak measured in the same run.
 * ``decode``: the shipped test split with greedy and beam 4 (sentences/s, tokens/s, compile
   time apart), the KV cache against a decoder that recomputes the prefix at every step, and
-  fixed-shape beam-4 decoding (16 source and exactly 16 output tokens) for ``tiny``/``base``
-  (median and min–max of ``--decode-repeats`` calls).
+  fixed-shape beam-4 and greedy decoding (16 source and exactly 16 output tokens) for
+  ``tiny``/``base`` (median and min–max of ``--decode-repeats`` calls).
 * ``data``: SentencePiece tokenization throughput and time to the first batch (new run
   directory and cached).
 * ``memory``: peak host RSS of training and of decoding, each in a child process (and peak
@@ -28,6 +28,8 @@ whole script runs in under a minute on 2 CPU cores; it checks that the script wo
 
 Run from the repository root: ``python scripts/benchmark.py --out bench.json``. Figures are only
 as good as the machine is quiet: ``meta.machine`` records the load average at start and end.
+``scripts/compare.py`` times the same presets against PyTorch MarianMT and CTranslate2 in
+one run.
 """
 
 from __future__ import annotations
@@ -86,21 +88,10 @@ SMOKE_MODEL = dict(d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_la
 # point of a smoke run).
 SMOKE_FIXED = dict(batch=8, length=32, decode_sentences=4, decode_length=8)
 
-# Measured by the issue's author on this 2-core CPU with the same recipe (issue #8).
-REFERENCES = {
-    "train_target_tokens_per_second": {
-        "tiny": {"pytorch_marianmt": 1940, "flax_wmt": 1330},
-        "base": {"pytorch_marianmt": 365, "flax_wmt": 313}},
-    "train_gflops_per_second": {
-        "tiny": {"pytorch_marianmt": 90, "flax_wmt": None},
-        "base": {"pytorch_marianmt": 107, "flax_wmt": None}},
-    "decode_beam4_sentences_per_second": {
-        "tiny": {"pytorch_marianmt": 74, "flax_wmt": 60},
-        "base": {"pytorch_marianmt": 20, "flax_wmt": 16}},
-}
+# Peers (PyTorch MarianMT, CTranslate2) are timed beside these figures by scripts/compare.py,
+# in the same run: a ratio is only true when both sides ran together (issue 19).
 GOALS = {
     "train_mfu": {"tiny": 0.55, "base": 0.65},
-    "decode_speedup_over_pytorch": 2.0,
     "train_real_token_share": 0.90,
     "test_split_beam4_seconds": 60.0,  # the shipped test split (2,780 sentences), whole
     "test_split_sentences": 2780,
@@ -270,6 +261,32 @@ def optimizer(config: TrainConfig):
     """``make_optimizer`` once per config: the same ``tx`` object is the same static argument
     of ``train_step``, so equal models with equal configs share one compilation."""
     return make_optimizer(config)
+
+
+def fixed_batches(count: int, rows: int, length: int, vocab: int, seed: int = 0) -> list[dict]:
+    """``count`` training batches of random tokens without padding (the fixed presets).
+
+    Each is a dict of int32 ``[rows, length]`` arrays: ``src``/``tgt`` tokens drawn uniformly
+    from ``[FIRST_TOKEN, vocab)``, ``*_segments`` all 1, ``*_positions`` 0..length-1.
+    """
+    rng = np.random.default_rng(seed)
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length))
+    batches = []
+    for _ in range(count):
+        batch = {side: rng.integers(FIRST_TOKEN, vocab, (rows, length), np.int32)
+                 for side in ("src", "tgt")}
+        for side in ("src", "tgt"):
+            batch[f"{side}_segments"] = np.ones((rows, length), np.int32)
+            batch[f"{side}_positions"] = positions.copy()
+        batches.append(batch)
+    return batches
+
+
+def fixed_sources(n: int, length: int, vocab: int, seed: int = 1) -> np.ndarray:
+    """int32 ``[n, length]`` random source tokens from ``[FIRST_TOKEN, vocab)``, the last EOS."""
+    src = np.random.default_rng(seed).integers(FIRST_TOKEN, vocab, (n, length), dtype=np.int32)
+    src[:, -1] = EOS_ID
+    return src
 
 
 # -- the benchmark ----------------------------------------------------------------------------
@@ -446,32 +463,18 @@ class Bench:
         a = self.args
         spec = self.fixed(name)
         cfg = spec["model"]
-        rng = np.random.default_rng(0)
         rows, length = spec["batch"], spec["length"]
-        batches = []
-        for _ in range(a.warmup + a.steps):
-            batch = {side: rng.integers(FIRST_TOKEN, cfg.vocab_size, (rows, length), np.int32)
-                     for side in ("src", "tgt")}
-            for side in ("src", "tgt"):
-                batch[f"{side}_segments"] = np.ones((rows, length), np.int32)
-                batch[f"{side}_positions"] = np.broadcast_to(
-                    np.arange(length, dtype=np.int32), (rows, length)).copy()
-            batches.append(batch)
+        batches = fixed_batches(a.warmup + a.steps, rows, length, cfg.vocab_size)
         train_cfg = spec["train"]
         res = self.time_train(cfg, train_cfg, batches, rows, length, length,
                               real_target_tokens=[rows * length] * a.steps)
         res["config"] = (f"fixed preset {name}: random tokens, no padding, dropout 0.1, label "
                          f"smoothing 0.1, AdamW; batch {rows}x{length}")
-        ref_tok = REFERENCES["train_target_tokens_per_second"].get(name, {})
-        ref_gf = REFERENCES["train_gflops_per_second"].get(name, {})
         goal = GOALS["train_mfu"].get(name)
-        res["reference"] = {"target_tokens_per_second": ref_tok, "gflops_per_second": ref_gf}
         res["goal_mfu"] = goal
         res["goal_met"] = bool(res["mfu"] >= goal) if goal is not None and not a.smoke else None
-        say(f"  reference target tokens/s: PyTorch MarianMT {ref_tok.get('pytorch_marianmt')}, "
-            f"Flax WMT {ref_tok.get('flax_wmt')}; "
-            f"GFLOP/s PyTorch {ref_gf.get('pytorch_marianmt')}; "
-            f"goal MFU >= {goal:.0%}" if goal is not None else "")
+        if goal is not None:
+            say(f"  goal MFU >= {goal:.0%}")
         return res
 
     def time_train(self, model_cfg: ModelConfig, train_cfg: TrainConfig, batches: list[dict],
@@ -602,7 +605,9 @@ class Bench:
                     config, tokenizer, graphdef, params, sources, beam,
                     full=len(sources) == len(split))
             out["kv_cache"] = self.kv_cache(config, tokenizer, graphdef, params, sources)
-        out["fixed"] = {name: self.decode_fixed(name) for name in a.presets if name in FIXED}
+        fixed = [name for name in a.presets if name in FIXED]
+        out["fixed"] = {name: self.decode_fixed(name) for name in fixed}
+        out["fixed_greedy"] = {name: self.decode_fixed_greedy(name) for name in fixed}
         self.result["decode"] = out
 
     def decode_test(self, config, tokenizer, graphdef, params, sources, beam, *,
@@ -711,55 +716,60 @@ class Bench:
         return res
 
     def decode_fixed(self, name: str) -> dict[str, Any]:
-        """Beam 4 on random sources, EOS suppressed: exactly ``decode_length`` output tokens."""
+        """Beam 4 at equal work (``_decode_fixed``)."""
+        return self._decode_fixed(name, beam_size=4)
+
+    def decode_fixed_greedy(self, name: str) -> dict[str, Any]:
+        """Greedy search at equal work (``_decode_fixed``), on the same sources as beam 4."""
+        return self._decode_fixed(name, beam_size=1)
+
+    def _decode_fixed(self, name: str, *, beam_size: int) -> dict[str, Any]:
+        """``decode_sentences`` sources of ``fixed_sources`` → exactly ``decode_length`` tokens.
+
+        EOS is forbidden before the last position and forced there (min_length = max_len =
+        ``decode_length``), so every sentence takes ``decode_length`` decoder steps. Sentences/s
+        are the median and min–max of ``--decode-repeats`` calls after an untimed one; the
+        compile time is that of ``lower(...).compile()``.
+        """
         a = self.args
         spec = self.fixed(name)
         cfg = dataclasses.replace(spec["model"], dropout_rate=0.0)
         n, length = spec["decode_sentences"], spec["decode_length"]
-        model = build_model(cfg, 0)
-        graphdef, params = nnx.split(model, nnx.Param)
-        rng = np.random.default_rng(1)
-        src = rng.integers(FIRST_TOKEN, cfg.vocab_size, (n, length), dtype=np.int32)
-        src[:, -1] = EOS_ID
+        graphdef, params = nnx.split(build_model(cfg, 0), nnx.Param)
+        src = fixed_sources(n, length, cfg.vocab_size)
         args = (params, jnp.asarray(src), jnp.ones((n, length), jnp.int32),
                 jnp.full((n,), length, jnp.int32))
-        kw = dict(graphdef=graphdef, beam_size=4, max_len=length, alpha=0.6, bos_id=BOS_ID,
-                  eos_id=EOS_ID, pad_id=PAD_ID, length_penalty_kind="gnmt")
-        # EOS is forbidden before the last position and forced there (max_lengths = length), so
-        # every hypothesis has exactly `length` tokens: `length` decoder steps per sentence.
-        try:
-            kw_min = {**kw, "min_length": length}
-            t = time.perf_counter()
-            beam_search_jit.lower(*args, **kw_min).compile()
-            kw = kw_min
-        except TypeError:  # a beam_search without min_length: EOS not suppressed
-            t = time.perf_counter()
-            beam_search_jit.lower(*args, **kw).compile()
+        kw = dict(graphdef=graphdef, max_len=length, min_length=length, bos_id=BOS_ID,
+                  eos_id=EOS_ID, pad_id=PAD_ID)
+        if beam_size == 1:
+            search, method = greedy_search_jit, "greedy_search"
+        else:
+            search, method = beam_search_jit, "beam_search"
+            kw.update(beam_size=beam_size, alpha=0.6, length_penalty_kind="gnmt")
+        t = time.perf_counter()
+        search.lower(*args, **kw).compile()
         compile_s = time.perf_counter() - t
-        out = beam_search_jit(*args, **kw)
-        lengths = np.asarray(out.lengths)
+        out = search(*args, **kw)
+        lengths = (np.sum(np.asarray(out[0]) != PAD_ID, axis=1) if beam_size == 1
+                   else np.asarray(out.lengths)[:, 0])
         times = []
         for _ in range(a.decode_repeats):
             t = time.perf_counter()
-            jax.block_until_ready(beam_search_jit(*args, **kw))
+            jax.block_until_ready(search(*args, **kw))
             times.append(time.perf_counter() - t)
         s = spread(times)
         sps = {k: (n / v if k != "n" else v) for k, v in s.items()}
         sps["min"], sps["max"] = n / s["max"], n / s["min"]
-        ref = REFERENCES["decode_beam4_sentences_per_second"].get(name, {})
-        goal = GOALS["decode_speedup_over_pytorch"] * ref["pytorch_marianmt"] if ref else None
-        res = {"sentences": n, "source_tokens": length, "output_tokens": length, "beam_size": 4,
-               "eos_suppressed": "min_length" in kw,
-               "all_outputs_exact_length": bool(np.all(lengths[:, 0] == length)),
+        res = {"sentences": n, "source_tokens": length, "output_tokens": length,
+               "beam_size": beam_size, "eos_suppressed": True,
+               "all_outputs_exact_length": bool(np.all(lengths == length)),
                "seconds": s, "sentences_per_second": sps, "compile_seconds": compile_s,
-               "model": dataclasses.asdict(cfg), "reference": ref,
-               "goal_sentences_per_second": goal,
-               "goal_met": bool(sps["median"] >= goal) if goal and not a.smoke else None,
-               "method": f"seq2seq.decoding.beam_search, one batch of {n} random sources, "
+               "model": dataclasses.asdict(cfg),
+               "method": f"seq2seq.decoding.{method}, one batch of {n} random sources, "
                          f"max_len = min_length = {length} (EOS only at the last position)"}
-        say(f"  fixed {name}: beam 4, {n} sources x {length} tokens -> {length} tokens: "
-            f"{fmt(sps)} sentences/s (compile {compile_s:.1f} s); reference PyTorch MarianMT "
-            f"{ref.get('pytorch_marianmt')}, Flax WMT {ref.get('flax_wmt')}; goal >= {goal}")
+        search_name = "greedy" if beam_size == 1 else f"beam {beam_size}"
+        say(f"  fixed {name}: {search_name}, {n} sources x {length} tokens -> {length} tokens: "
+            f"{fmt(sps)} sentences/s (compile {compile_s:.1f} s)")
         return res
 
     # -- attention memory --------------------------------------------------------------------
@@ -1165,7 +1175,6 @@ def main(argv: list[str] | None = None) -> int:
             bench.sample_peak()  # a second peak sample at the end, against drift in load
             bench.rescale_mfu()
         bench.result["preset_config"] = _jsonable(dataclasses.asdict(bench.config()))
-        bench.result["references"] = REFERENCES
         bench.result["goals"] = GOALS
         m["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
         bench.result["meta"]["seconds"] = time.perf_counter() - start
@@ -1198,7 +1207,6 @@ def readme_rows(r: dict[str, Any]) -> str:
     for name, t in r.get("train", {}).items():
         b = t["batch_shape"]
         p = t.get("pipeline")
-        ref = t.get("reference", {}).get("target_tokens_per_second", {})
         shapes = (f"{t['compilations']['jit_cache_entries']} / "
                   f"{p['distinct_batch_shapes'] if p else '—'}")
         real = f"{p['real_token_share']['median']:.1%}" if p else "100%"
@@ -1207,16 +1215,16 @@ def readme_rows(r: dict[str, Any]) -> str:
             f"{num(t['tokens_per_second'])} | {num(t['real_target_tokens_per_second'])} | "
             f"{num(t['compile_seconds'])} | {shapes} | {real} | "
             f"{num(t['model_flops_per_step'] / 1e9)} ({num(t['xla_over_model_flops'])}) | "
-            f"{num(t['achieved_gflops_per_second'])} | {t['mfu']:.1%} | "
-            f"{ref.get('pytorch_marianmt', '—')} / {ref.get('flax_wmt', '—')} |")
+            f"{num(t['achieved_gflops_per_second'])} | {t['mfu']:.1%} |")
     d = r.get("decode", {})
     for name, t in d.get("test_split", {}).items():
         lines.append(f"| test split, {name} | {num(t['sentences_per_second'])} | "
                      f"{num(t['output_tokens_per_second'])} | {num(t['compile_seconds'])} | "
                      f"{num(t['seconds_with_compile'])} |")
-    for name, t in d.get("fixed", {}).items():
-        lines.append(f"| {name}, beam 4 | {rng(t['sentences_per_second'])} | | "
-                     f"{num(t['compile_seconds'])} | |")
+    for search, key in (("beam 4", "fixed"), ("greedy", "fixed_greedy")):
+        for name, t in d.get(key, {}).items():
+            lines.append(f"| {name}, {search} | {rng(t['sentences_per_second'])} | | "
+                         f"{num(t['compile_seconds'])} | |")
     if "kv_cache" in d:
         lines.append(f"| KV cache speed-up (greedy) | {num(d['kv_cache']['speedup'])}× |")
     if "model" in d:

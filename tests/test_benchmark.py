@@ -19,7 +19,7 @@ TRAIN_FIELDS = (
     "target_tokens_per_second", "real_target_tokens_per_second", "compile_seconds", "compilations",
     "model_flops_per_step", "model_flops_breakdown", "xla_flops_per_step", "xla_over_model_flops",
     "achieved_gflops_per_second", "peak_gflops_per_second", "mfu", "config")
-FIXED_TRAIN_FIELDS = ("reference", "goal_mfu", "goal_met")
+FIXED_TRAIN_FIELDS = ("goal_mfu", "goal_met")
 PIPELINE_FIELDS = ("batches_checked", "distinct_batch_shapes", "real_token_share",
                    "epoch_real_token_share", "host_batch_seconds", "goal_met")
 TEST_DECODE_FIELDS = ("sentences", "beam_size", "seconds", "compile_seconds", "compilations",
@@ -28,7 +28,7 @@ TEST_DECODE_FIELDS = ("sentences", "beam_size", "seconds", "compile_seconds", "c
 KV_FIELDS = ("kv_cache_seconds", "no_cache_seconds", "speedup", "same_output_share",
              "kv_cache_compilations_while_timed", "no_cache_compilations_while_timed")
 FIXED_DECODE_FIELDS = ("sentences", "sentences_per_second", "compile_seconds", "eos_suppressed",
-                       "all_outputs_exact_length", "reference", "goal_sentences_per_second")
+                       "all_outputs_exact_length", "beam_size")
 DATA_FIELDS = ("time_to_first_batch_new_run_seconds", "time_to_first_batch_cached_seconds",
                "tokenize_sentences_per_second", "tokenize_sentences")
 MEMORY_FIELDS = ("phase", "baseline_rss_bytes", "setup_rss_bytes", "peak_rss_bytes",
@@ -54,8 +54,8 @@ def test_smoke_run_emits_every_field(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
 
-    _has(r, ("meta", "peak", "data", "train", "decode", "attention", "memory", "references",
-             "goals", "preset_config"), "top level")
+    _has(r, ("meta", "peak", "data", "train", "decode", "attention", "memory", "goals",
+             "preset_config"), "top level")
     _has(r["meta"]["machine"], MACHINE_FIELDS, "meta.machine")
     _has(r["peak"]["gflops_per_second"], SPREAD, "peak")
     _has(r["data"], DATA_FIELDS, "data")
@@ -80,9 +80,10 @@ def test_smoke_run_emits_every_field(tmp_path):
     assert d["kv_cache"]["same_output_share"] == 1.0
     assert d["kv_cache"]["kv_cache_compilations_while_timed"] == 0
     assert d["kv_cache"]["no_cache_compilations_while_timed"] == 0
-    for name in ("tiny", "base"):
-        _has(d["fixed"][name], FIXED_DECODE_FIELDS, f"decode.fixed.{name}")
-        assert d["fixed"][name]["all_outputs_exact_length"]
+    for key in ("fixed", "fixed_greedy"):
+        for name in ("tiny", "base"):
+            _has(d[key][name], FIXED_DECODE_FIELDS, f"decode.{key}.{name}")
+            assert d[key][name]["all_outputs_exact_length"]
 
     a = r["attention"]
     assert len(a["lengths"]) == 2

@@ -1,0 +1,517 @@
+#!/usr/bin/env python3
+"""Our training and decoding against Hugging Face MarianMT (PyTorch) and CTranslate2 (issue 19).
+
+At the equal-work presets of ``scripts/benchmark.py`` (``tiny``, ``base``: the same d_model,
+d_ff, heads, layers and vocabulary, random weights, the same random token batches), one process
+times in turn, round after round:
+
+* training steps: ours (``Bench.train_fixed``) and PyTorch MarianMT (AdamW with our betas, eps
+  and weight decay, label-smoothed cross-entropy, dropout 0.1, gradient-norm clipping), in
+  target tokens/s;
+* beam-4 and greedy decoding of ``decode_sentences`` sources of ``decode_length`` tokens into
+  exactly ``decode_length`` tokens: ours (``Bench.decode_fixed`` / ``decode_fixed_greedy``: EOS
+  forbidden until the last position), PyTorch ``generate`` (min_new_tokens = max_new_tokens)
+  and CTranslate2 ``translate_batch`` (min = max decoding length) with float32 and int8
+  compute, in sentences/s.
+
+A round's figure is the median over its steps or calls (after untimed ones; compile time is
+not counted). The table gives the median and min–max of those figures over ``--rounds``
+rounds, and of the ratios ours / peer taken round by round. The order of the systems flips
+every round, and each measurement starts after a pause so that the previous one's threads are
+idle. PyTorch and CTranslate2 run with as many threads as JAX has cores.
+
+Differences that cost no measurable work: Marian is post-norm (ours pre-norm), its vocabulary
+has one more row (its PAD, which CTranslate2's conversion drops), and CTranslate2 does not emit
+the final EOS (it takes the same number of decoder steps).
+
+Needs the optional extra ``compare``; without it the script says what to install and exits 2::
+
+    .venv/bin/pip install 'torch==2.13.*' --index-url https://download.pytorch.org/whl/cpu
+    .venv/bin/pip install -e '.[compare]'
+    .venv/bin/python scripts/compare.py --json runs/compare.json --docs docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from seq2seq.data.tokenizer import EOS_ID
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = ("torch", "transformers", "ctranslate2")
+INSTALL = (
+    "pip install 'torch==2.13.*' --index-url https://download.pytorch.org/whl/cpu  "
+    "# the CPU build (a plain 'pip install torch' on Linux is a CUDA build of several GB)\n"
+    "pip install -e '.[compare]'"
+)
+SYSTEMS = {
+    "ours": "ours",
+    "pytorch": "PyTorch",
+    "ct2_float32": "CT2 float32",
+    "ct2_int8": "CT2 int8",
+}
+TASKS = {
+    "train": ("training", "target tokens/s", ("ours", "pytorch")),
+    "beam4": ("beam 4", "sentences/s", tuple(SYSTEMS)),
+    "greedy": ("greedy", "sentences/s", tuple(SYSTEMS)),
+}
+# Goals of issue 19 for ours / peer (float32; with --dtype bfloat16, beam 4 against CT2 int8).
+GOALS = {
+    "float32": {("train", "pytorch"): 1.3, ("beam4", "ct2_float32"): 1.25},
+    "bfloat16": {("train", "pytorch"): 1.3, ("beam4", "ct2_int8"): 1.0},
+}
+# --smoke: a tiny preset, registered in the benchmark's table so that Bench builds it too.
+SMOKE_PRESET = dict(
+    model=dict(
+        vocab_size=300, d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=64
+    ),
+    batch=8,
+    length=16,
+    decode_sentences=4,
+    decode_length=8,
+)
+DOCS_BEGIN, DOCS_END = "<!-- compare.py table: begin -->", "<!-- compare.py table: end -->"
+
+
+def missing_peers() -> list[str]:
+    """The packages of the ``compare`` extra that do not import."""
+    missing = []
+    for name in PEERS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+# -- the peers ------------------------------------------------------------------------------------
+
+
+class Marian:
+    """A randomly initialised MarianMT of a preset's sizes, and its CTranslate2 conversion.
+
+    Token ids are ours (random tokens ≥ ``FIRST_TOKEN``), with Marian's specials: EOS = 0,
+    UNK = 1, and PAD = ``vocab`` as the last row (also the decoder start, as in Marian models).
+
+    Args:
+      spec: a preset as ``Bench.fixed`` gives it (``model`` a ``ModelConfig``, ``train`` a
+        ``TrainConfig``).
+      directory: where the Hugging Face model and its conversion are written.
+      threads: CTranslate2's intra-op threads.
+    """
+
+    def __init__(self, spec: dict[str, Any], directory: Path, threads: int):
+        import ctranslate2
+        import torch
+        import transformers
+        from tokenizers import Tokenizer, models
+
+        m, train_cfg = spec["model"], spec["train"]
+        self.vocab, self.train_cfg = m.vocab_size, train_cfg
+        self.pad = self.vocab
+        config = transformers.MarianConfig(
+            vocab_size=self.vocab + 1,
+            d_model=m.d_model,
+            encoder_layers=m.num_encoder_layers,
+            decoder_layers=m.num_decoder_layers,
+            encoder_attention_heads=m.num_heads,
+            decoder_attention_heads=m.num_heads,
+            encoder_ffn_dim=m.d_ff,
+            decoder_ffn_dim=m.d_ff,
+            activation_function=m.activation,
+            dropout=m.dropout_rate,
+            attention_dropout=m.attention_dropout_rate,
+            activation_dropout=m.activation_dropout_rate,
+            max_position_embeddings=m.max_len,
+            scale_embedding=True,
+            pad_token_id=self.pad,
+            eos_token_id=0,
+            decoder_start_token_id=self.pad,
+            forced_eos_token_id=0,
+        )
+        torch.manual_seed(train_cfg.seed)
+        self.model = transformers.MarianMTModel(config)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=train_cfg.learning_rate,
+            betas=(train_cfg.b1, train_cfg.b2),
+            eps=train_cfg.eps,
+            weight_decay=train_cfg.weight_decay,
+        )
+        # A word-level tokenizer over the ids, saved beside the model: the converter reads the
+        # vocabulary and the special tokens from it.
+        self.tokens = ["</s>", "<unk>"] + [f"t{i}" for i in range(2, self.vocab)] + ["<pad>"]
+        tokenizer = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer(
+                models.WordLevel({t: i for i, t in enumerate(self.tokens)}, unk_token="<unk>")
+            ),
+            eos_token="</s>",
+            unk_token="<unk>",
+            pad_token="<pad>",
+        )
+        hf_dir, ct2_dir = directory / "marian", directory / "ctranslate2"
+        self.model.save_pretrained(hf_dir)
+        tokenizer.save_pretrained(hf_dir)
+        ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(str(ct2_dir), force=True)
+        self.translators = {
+            f"ct2_{kind}": ctranslate2.Translator(
+                str(ct2_dir),
+                device="cpu",
+                compute_type=kind,
+                intra_threads=threads,
+                inter_threads=1,
+            )
+            for kind in ("float32", "int8")
+        }
+
+    def ids(self, ours):
+        """Our int32 token array as Marian's int64 ids (our EOS → Marian's EOS 0)."""
+        import torch
+
+        return torch.from_numpy(ours).long().masked_fill(torch.from_numpy(ours == EOS_ID), 0)
+
+    def train_seconds(self, batches: list[dict], warmup: int) -> list[float]:
+        """Seconds of each training step on ``batches`` after the first ``warmup``."""
+        import torch
+        import torch.nn.functional as F
+
+        self.model.train()
+        times = []
+        for i, batch in enumerate(batches):
+            src, tgt = self.ids(batch["src"]), self.ids(batch["tgt"])
+            start = torch.full_like(tgt[:, :1], self.pad)
+            t = time.perf_counter()
+            logits = self.model(
+                input_ids=src,
+                attention_mask=torch.ones_like(src),
+                decoder_input_ids=torch.cat([start, tgt[:, :-1]], 1),
+            ).logits
+            loss = F.cross_entropy(
+                logits.flatten(0, 1), tgt.flatten(), label_smoothing=self.train_cfg.label_smoothing
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm)
+            self.optimizer.step()
+            if i >= warmup:
+                times.append(time.perf_counter() - t)
+        return times
+
+    def decode_seconds(self, system: str, src, beam: int, repeats: int) -> list[float]:
+        """Seconds of each of ``repeats`` calls (after an untimed one) decoding ``src``
+        (int32 ``[n, length]``, ours) into exactly ``length`` tokens per sentence."""
+        import torch
+
+        length = src.shape[1]
+        if system == "pytorch":
+            self.model.eval()
+            ids = self.ids(src)
+
+            def call():
+                with torch.inference_mode():
+                    out = self.model.generate(
+                        input_ids=ids,
+                        attention_mask=torch.ones_like(ids),
+                        num_beams=beam,
+                        do_sample=False,
+                        max_new_tokens=length,
+                        min_new_tokens=length,
+                    )
+                assert out.shape[1] == length + 1, out.shape  # the start token + length
+        else:
+            tokens = [[self.tokens[i] for i in row] for row in self.ids(src).tolist()]
+            translator = self.translators[system]
+
+            def call():
+                out = translator.translate_batch(
+                    tokens, beam_size=beam, max_decoding_length=length, min_decoding_length=length
+                )
+                assert all(len(r.hypotheses[0]) == length for r in out)
+
+        call()
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t)
+        return times
+
+
+# -- the comparison -------------------------------------------------------------------------------
+
+
+def measure(bench, peer: Marian, name: str, task: str, system: str) -> dict[str, Any]:
+    """One round's figure of ``system`` on ``task`` for preset ``name``."""
+    import benchmark
+
+    a = bench.args
+    spec = bench.fixed(name)
+    if system == "ours":
+        res = (
+            bench.train_fixed(name)
+            if task == "train"
+            else bench.decode_fixed(name)
+            if task == "beam4"
+            else bench.decode_fixed_greedy(name)
+        )
+        if task == "train":
+            return {
+                "value": res["target_tokens_per_second"],
+                "mfu": res["mfu"],
+                "seconds": res["step_seconds"],
+            }
+        return {"value": res["sentences_per_second"]["median"], "seconds": res["seconds"]}
+    if task == "train":
+        rows, length = spec["batch"], spec["length"]
+        batches = benchmark.fixed_batches(a.warmup + a.steps, rows, length, peer.vocab)
+        times = peer.train_seconds(batches, a.warmup)
+        return {"value": rows * length / statistics.median(times), "seconds": spread(times)}
+    n = spec["decode_sentences"]
+    src = benchmark.fixed_sources(n, spec["decode_length"], peer.vocab)
+    times = peer.decode_seconds(system, src, 4 if task == "beam4" else 1, a.decode_repeats)
+    return {"value": n / statistics.median(times), "seconds": spread(times)}
+
+
+def summarize(rounds: list[dict], goals: dict[tuple[str, str], float]) -> dict[str, Any]:
+    """Per preset and task: each system's spread over rounds, the ratios ours / peer, and
+    whether the median ratio meets ``goals[(task, peer)]``."""
+    out: dict[str, Any] = {}
+    for name in rounds[0]:
+        out[name] = {}
+        for task, (_, _, systems) in TASKS.items():
+            per = {s: [r[name][task][s]["value"] for r in rounds] for s in systems}
+            ratios = {
+                s: spread([o / p for o, p in zip(per["ours"], per[s])])
+                for s in systems
+                if s != "ours"
+            }
+            met = {
+                s: {"goal": g, "met": ratios[s]["median"] >= g}
+                for (t, s), g in goals.items()
+                if t == task
+            }
+            out[name][task] = {
+                "figures": {s: spread(v) for s, v in per.items()},
+                "ours_over": ratios,
+                "goals": met,
+            }
+    return out
+
+
+def num(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The summary as a line of provenance and a Markdown table."""
+    m = result["meta"]
+    mach = m["machine"]
+    v = m["versions"]
+    peak = m["peak_gflops_per_second"]
+    rng = lambda s, f=num: f"{f(s['median'])} ({f(s['min'])}–{f(s['max'])})"
+    ratio = lambda x: f"{x:.2f}×"
+    lines = [
+        f"Measured by `scripts/compare.py` on {m['date']}: {mach['cpu']}, "
+        f"{mach['cpus_usable']} cores ({m['threads']} threads each side), load average "
+        f"{mach['load_average_start'][0]:.1f} at the start and {m['load_average_end'][0]:.1f} "
+        f"at the end; {m['dtype']} matmul peak {peak['median']:.0f} GFLOP/s "
+        f"({peak['min']:.0f}–{peak['max']:.0f}, `jnp.dot`, ours' MFU in the JSON); "
+        f"our dtype {m['dtype']}; jax {v['jax']}, flax {v['flax']}, torch "
+        f"{v['torch']}, transformers {v['transformers']}, ctranslate2 {v['ctranslate2']}; "
+        f"{m['rounds']} rounds of {m['steps']} training steps and {m['decode_repeats']} "
+        f"decoding calls, median (min–max over rounds); {m['seconds'] / 60:.1f} minutes.",
+        "",
+    ]
+    peers = [s for s in SYSTEMS if s != "ours"]
+    lines.append(
+        "| preset | task | unit | "
+        + " | ".join(SYSTEMS.values())
+        + " | "
+        + " | ".join(f"ours / {SYSTEMS[s]}" for s in peers)
+        + " |"
+    )
+    lines.append("|---" * (3 + len(SYSTEMS) + len(peers)) + "|")
+    for name, tasks in result["summary"].items():
+        for task, t in tasks.items():
+            label, unit, _ = TASKS[task]
+            cells = [rng(t["figures"][s]) if s in t["figures"] else "—" for s in SYSTEMS]
+            for s in peers:
+                if s not in t["ours_over"]:
+                    cells.append("—")
+                    continue
+                cell = rng(t["ours_over"][s], ratio)
+                if s in t["goals"]:
+                    g = t["goals"][s]
+                    cell += f", goal ≥ {g['goal']}×: **{'met' if g['met'] else 'not met'}**"
+                cells.append(cell)
+            lines.append(f"| {name} | {label} | {unit} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_docs(path: Path, table: str) -> None:
+    """Replace the text between the ``DOCS_BEGIN`` and ``DOCS_END`` lines of ``path``."""
+    text = path.read_text(encoding="utf-8")
+    if DOCS_BEGIN not in text or DOCS_END not in text:
+        raise SystemExit(f"{path}: no {DOCS_BEGIN} ... {DOCS_END} block to replace")
+    head, rest = text.split(DOCS_BEGIN, 1)
+    path.write_text(
+        f"{head}{DOCS_BEGIN}\n{table}\n{DOCS_END}{rest.split(DOCS_END, 1)[1]}", encoding="utf-8"
+    )
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in ("jax", "jaxlib", "flax", "numpy", *PEERS):
+        out[name] = getattr(importlib.import_module(name), "__version__", None)
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="tiny,base", help="comma-separated: tiny, base")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (3)")
+    p.add_argument("--steps", type=int, default=8, help="timed training steps per round (8)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (2)")
+    p.add_argument("--decode-repeats", type=int, default=5, help="timed decoding calls (5)")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="our compute dtype (the peers: float32, and CTranslate2 int8)",
+    )
+    p.add_argument(
+        "--pause",
+        type=float,
+        default=1.0,
+        help="seconds between measurements, so the last one's threads go idle",
+    )
+    p.add_argument("--json", help="write the figures as JSON to this file")
+    p.add_argument(
+        "--docs",
+        help="replace the table between the compare.py markers in this "
+        "Markdown file (docs/benchmarks.md)",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny model, 2 rounds of 2 steps: checks that the script runs",
+    )
+    a = p.parse_args(argv)
+    a.presets = ["smoke"] if a.smoke else [s for s in a.preset.split(",") if s]
+    if a.smoke:
+        a.rounds, a.steps, a.warmup, a.decode_repeats, a.pause = 2, 2, 1, 2, 0.0
+    for s in a.presets:
+        if s not in ("tiny", "base", "smoke"):
+            p.error(f"unknown preset {s!r}; choose from tiny, base")
+    if a.rounds < 1 or a.steps < 1 or a.decode_repeats < 1:
+        p.error("--rounds, --steps and --decode-repeats must be >= 1")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    missing = missing_peers()
+    if missing:
+        print(
+            f"scripts/compare.py needs the optional extra 'compare' ({', '.join(missing)} "
+            f"not installed). Install it with:\n{INSTALL}",
+            file=sys.stderr,
+        )
+        return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the hub
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import benchmark
+    import torch
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(threads)
+    if args.smoke:
+        benchmark.FIXED.setdefault("smoke", SMOKE_PRESET)
+    bench_args = [
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--decode-repeats",
+        str(args.decode_repeats),
+        "--dtype",
+        args.dtype,
+    ]
+    if args.smoke:
+        bench_args += ["--peak-size", "256", "--peak-repeats", "2"]
+    bench = benchmark.Bench(benchmark.parse_args(bench_args))
+    start = time.perf_counter()
+    meta = {
+        "argv": sys.argv[1:] if argv is None else argv,
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": benchmark.machine_info(args.dtype),
+        "versions": versions(),
+        "threads": threads,
+        "dtype": args.dtype,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "decode_repeats": args.decode_repeats,
+        "presets": {},
+    }
+    rounds: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="compare-") as tmp:
+        peers = {}
+        for name in args.presets:
+            peers[name] = Marian(bench.fixed(name), Path(tmp) / name, threads)
+            meta["presets"][name] = benchmark.FIXED[name]
+        for r in range(args.rounds):
+            rounds.append({})
+            for name in args.presets:
+                rounds[-1][name] = {}
+                for task, (label, unit, systems) in TASKS.items():
+                    figures = rounds[-1][name][task] = {}
+                    for system in systems if r % 2 == 0 else systems[::-1]:
+                        time.sleep(args.pause)
+                        figures[system] = measure(bench, peers[name], name, task, system)
+                        print(
+                            f"round {r + 1}/{args.rounds} {name} {label} {SYSTEMS[system]}: "
+                            f"{figures[system]['value']:,.1f} {unit}",
+                            flush=True,
+                        )
+    meta["seconds"] = time.perf_counter() - start
+    meta["load_average_end"] = list(os.getloadavg())
+    meta["peak_gflops_per_second"] = bench.result["peak"]["gflops_per_second"]
+    summary = summarize(rounds, {} if args.smoke else GOALS[args.dtype])
+    result = {"meta": meta, "summary": summary, "rounds": rounds}
+    table = markdown(result)
+    print("\n" + table)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(benchmark._jsonable(result), indent=1) + "\n")
+        print(f"\nwrote {args.json}")
+    if args.docs:
+        write_docs(Path(args.docs), table)
+        print(f"updated the table in {args.docs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
