@@ -61,7 +61,10 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         check_resume(config, quiet=True)
     except ValueError as e:
         return _fail(str(e))
-    _setup_logging(Path(config.workdir) if is_main_process() else None)  # one train.log
+    try:
+        _setup_logging(Path(config.workdir) if is_main_process() else None)  # one train.log
+    except OSError as e:  # the workdir is a file, or cannot be created
+        return _fail(f"workdir={config.workdir}: cannot hold the run: {e}")
     logging.getLogger(__name__).info("config:\n%s", _yaml(config))
     try:
         summary = train(config, checked=True)

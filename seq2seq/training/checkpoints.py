@@ -174,8 +174,9 @@ class Checkpointer:
           step: the checkpoint to restore; None = the latest.
 
         Raises:
-          CheckpointError: no checkpoint exists (or not ``step``), or its parameters do not
-            match the model (the message lists missing, unexpected and reshaped entries).
+          CheckpointError: no checkpoint exists (or not ``step``), it is damaged, or its
+            parameters do not match the model (the message lists missing, unexpected and
+            reshaped entries).
         """
         step = self.latest_step() if step is None else step
         if step is None:
@@ -184,14 +185,24 @@ class Checkpointer:
             raise CheckpointError(f"no checkpoint of step {step} in {self.directory}; "
                                   f"available: {self.all_steps()}")
         self._check_compatible(abstract_state, step)
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(_placed(abstract_state)), meta=ocp.args.JsonRestore()))
+        restored = self._read(step, state=ocp.args.StandardRestore(_placed(abstract_state)),
+                              meta=ocp.args.JsonRestore())
         return restored["state"], dict(restored["meta"])
 
     def metadata(self, step: int) -> dict[str, Any]:
-        """The JSON bookkeeping of checkpoint ``step`` without reading its arrays."""
-        restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return dict(restored["meta"])
+        """The JSON bookkeeping of checkpoint ``step`` without reading its arrays.
+
+        Raises:
+          CheckpointError: the checkpoint is incomplete or damaged.
+        """
+        return dict(self._read(step, meta=ocp.args.JsonRestore())["meta"])
+
+    def _read(self, step: int, **items: Any) -> Any:
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(**items))
+        except (KeyError, ValueError, OSError) as e:  # a folder without its items or files
+            raise CheckpointError(f"checkpoint {self.directory / str(step)} cannot be read, it "
+                                  f"is incomplete or damaged ({type(e).__name__}: {e})") from e
 
     def _check_compatible(self, abstract_state: Any, step: int) -> None:
         try:
