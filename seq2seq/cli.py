@@ -245,9 +245,13 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
                         "as 'line ||| text ||| logprob ||| score', line numbers from 0")
     args = parser.parse_args(argv)
     _setup_logging()
-    try:
-        lines = _read_lines(args.input)
+    stdin = args.input in (None, "-")
+    try:  # a file is read first (a bad path fails at once); standard input after the run loads
+        if not stdin:
+            lines = _read_lines(args.input)
         config, tokenizer, graphdef, params, decode = _load(args)
+        if stdin:
+            lines = _read_lines(args.input)
         translator = _translator(args, config, tokenizer, graphdef, params, decode)
         results = translator.translate(lines, nbest=args.nbest,
                                        progress=args.input not in (None, "-"),

@@ -117,3 +117,20 @@ def test_bad_input_sweep(sweep_files, capsys, command, args, message):
         rc = e.code
     err = capsys.readouterr().err
     assert rc == 2 and fill(message) in err and "Traceback" not in err, err
+
+
+def test_translate_checks_the_run_before_it_waits_for_standard_input(tmp_path):
+    import subprocess
+    import sys
+
+    from tiny_run import ROOT, cli_env
+    # standard input stays open: the error must not wait for it
+    proc = subprocess.Popen([sys.executable, "-m", "seq2seq", "translate", "--workdir",
+                             str(tmp_path / "nothing")], stdin=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env=cli_env())
+    try:
+        proc.wait(timeout=120)  # not communicate(): it would close standard input
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    assert proc.returncode == 2 and "is not a run directory (no config.yaml)" in err
