@@ -333,7 +333,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{mach['cpus_usable']} cores ({m['threads']} threads each side), load average "
         f"{mach['load_average_start'][0]:.1f} at the start and {m['load_average_end'][0]:.1f} "
         f"at the end; {m['dtype']} matmul peak {peak['median']:.0f} GFLOP/s "
-        f"({peak['min']:.0f}–{peak['max']:.0f}, `jnp.dot`, ours' MFU in the JSON); "
+        f"({peak['min']:.0f}–{peak['max']:.0f}, `jnp.dot`); "
         f"our dtype {m['dtype']}; jax {v['jax']}, flax {v['flax']}, torch "
         f"{v['torch']}, transformers {v['transformers']}, ctranslate2 {v['ctranslate2']}; "
         f"{m['rounds']} rounds of {m['steps']} training steps and {m['decode_repeats']} "
