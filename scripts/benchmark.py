@@ -65,7 +65,7 @@ from seq2seq.model import build_model
 from seq2seq.model.attention import dot_product_attention, segment_mask
 from seq2seq.model.attention import MultiHeadAttention
 from seq2seq.model.flops import matmul_params, train_flops_breakdown
-from seq2seq.training.step import create_train_state, make_optimizer, train_step
+from seq2seq.training.step import create_train_state, make_optimizer, make_train_step
 from seq2seq.translation import Translator, bucket_length
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,13 +254,6 @@ def measure_peak(dtype: str, size: int, repeats: int) -> list[float]:
         dot(a, b).block_until_ready()
         out.append(2.0 * size ** 3 / (time.perf_counter() - t))
     return out
-
-
-@functools.lru_cache(maxsize=None)
-def optimizer(config: TrainConfig):
-    """``make_optimizer`` once per config: the same ``tx`` object is the same static argument
-    of ``train_step``, so equal models with equal configs share one compilation."""
-    return make_optimizer(config)
 
 
 def fixed_batches(count: int, rows: int, length: int, vocab: int, seed: int = 0) -> list[dict]:
@@ -480,21 +473,22 @@ class Bench:
     def time_train(self, model_cfg: ModelConfig, train_cfg: TrainConfig, batches: list[dict],
                    rows: int, src_len: int, tgt_len: int, *, real_target_tokens: list[int],
                    bos_id: int = BOS_ID) -> dict[str, Any]:
-        """Compile and time ``seq2seq.training.step.train_step`` on ``batches``."""
+        """Compile and time ``seq2seq.training.step.make_train_step`` on ``batches``."""
         a = self.args
         model = build_model(model_cfg, train_cfg.seed)
-        tx = optimizer(train_cfg)
+        tx = make_optimizer(train_cfg)
         graphdef, state = create_train_state(model, tx, train_cfg.seed)
         del model
         n_params = int(sum(x.size for x in jax.tree.leaves(state.params)))
-        kw = dict(graphdef=graphdef, tx=tx, bos_id=bos_id,
-                  label_smoothing=train_cfg.label_smoothing)
+        train_step = jax.jit(make_train_step(graphdef, tx, bos_id=bos_id,
+                                             label_smoothing=train_cfg.label_smoothing),
+                             donate_argnums=0)
         device_batches = [{k: jnp.asarray(v) for k, v in b.items()} for b in batches]
         cache_before = jit_cache_size(train_step)
 
         count0, _ = self.events.snapshot()
         t = time.perf_counter()
-        compiled = train_step.lower(state, device_batches[0], **kw).compile()
+        compiled = train_step.lower(state, device_batches[0]).compile()
         compile_seconds = time.perf_counter() - t
         xla_flops = cost_flops(compiled)
         del compiled
@@ -503,7 +497,7 @@ class Bench:
         times = []
         for i, batch in enumerate(device_batches):
             t = time.perf_counter()
-            state, metrics = train_step(state, batch, **kw)
+            state, metrics = train_step(state, batch)
             jax.block_until_ready((state, metrics))
             if i >= a.warmup:
                 times.append(time.perf_counter() - t)
@@ -858,12 +852,13 @@ class Bench:
             tx = make_optimizer(config.train)
             graphdef, state = create_train_state(model, tx, config.train.seed)
             del model
-            kw = dict(graphdef=graphdef, tx=tx, bos_id=data.tokenizer.bos_id,
-                      label_smoothing=config.train.label_smoothing)
+            train_step = jax.jit(make_train_step(graphdef, tx, bos_id=data.tokenizer.bos_id,
+                                                 label_smoothing=config.train.label_smoothing),
+                                 donate_argnums=0)
             setup = rss_now()
             for batch in batches:
                 batch = {k: jnp.asarray(v) for k, v in batch.items()}
-                state, metrics = train_step(state, batch, **kw)
+                state, metrics = train_step(state, batch)
             jax.block_until_ready((state, metrics))
             what = f"{a.warmup + a.steps} training steps of the preset on the real corpus"
         else:
