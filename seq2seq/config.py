@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import yaml
 from omegaconf import OmegaConf
@@ -364,7 +364,7 @@ class Config:
 def _merge(*layers: Any) -> Config:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), *layers)
-        return OmegaConf.to_object(merged)
+        return cast(Config, OmegaConf.to_object(merged))
     except OmegaConfBaseException as e:  # names the full key and the bad value
         raise ConfigError(str(e).splitlines()[0] + f" (key: {getattr(e, 'full_key', '?')})") from e
 

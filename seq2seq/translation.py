@@ -23,7 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from seq2seq.config import DecodeConfig
-from seq2seq.data.tokenizer import Tokenizer
+from seq2seq.data.tokenizer import Tokenizer, TokenizerPair
 from seq2seq.decoding import (LENGTH_PENALTIES, beam_search_jit, check_sampling,
                               greedy_search_jit, length_penalty, sample_jit, sentence_keys)
 from seq2seq.sharding import Partitioner
@@ -108,7 +108,8 @@ class Translator:
         ``on_long``.
     """
 
-    def __init__(self, graphdef: Any, params: Any, tokenizer: Tokenizer, config: DecodeConfig,
+    def __init__(self, graphdef: Any, params: Any, tokenizer: Tokenizer | TokenizerPair,
+                 config: DecodeConfig,
                  max_src_len: int = 256, *, on_long: str = "truncate",
                  partitioner: Partitioner | None = None):
         check_decode_config(config)

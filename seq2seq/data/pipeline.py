@@ -118,7 +118,7 @@ def fill_vocab_sizes(config: Config, tokenizer: TokenizerPair) -> Config:
 
 
 def _read(config: Config, split: str, skipped: list[str]):
-    data, places = config.data, []
+    data, places = config.data, list[str]()
     ds = load_parallel(getattr(data, split), data.src_lang, data.tgt_lang,
                        skip_empty=data.skip_empty, split_name=split, skipped=places)
     skipped.extend(f"{split}\t{place}" for place in places)

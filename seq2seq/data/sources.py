@@ -33,7 +33,7 @@ import re
 import sys
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import datasets.config
 import pyarrow as pa
@@ -186,7 +186,9 @@ def _read_checked(path: Path) -> str:
     data = _read_bytes(path)
     text = decode_text(data, path)
     if data.count(b"\r") != data.count(b"\r\n"):
-        at = re.search(r"\r(?!\n)", text).start()
+        bare = re.search(r"\r(?!\n)", text)
+        assert bare is not None  # more \r than \r\n
+        at = bare.start()
         line = text.count("\n", 0, at) + 1
         raise DataError(f"{path}:{line}: carriage return (\\r) inside a line; datasets would "
                         "read it as a line break and misalign the pairs (use \\n or \\r\\n "
@@ -300,7 +302,9 @@ def _load_delimited(source: SourceConfig, src_lang: str, tgt_lang: str,
         raise DataError(f"{path}: empty file")
     start = (lambda r: starts[r]) if starts else (lambda r: r + 1)
 
-    src_col, tgt_col = source.src_column, source.tgt_column
+    # a column is a header name or a 0-based index (given as a number or its string)
+    src_col: Any = source.src_column
+    tgt_col: Any = source.tgt_column
     first = [field.strip() for field in records[0]]
     if src_col is None and tgt_col is None:
         named = src_lang in first and tgt_lang in first
@@ -376,7 +380,7 @@ def _missing_key(text: str, number: int, key: tuple[str, ...]) -> tuple[int | No
                     f"{', '.join(has) if has is not None else 'no ' + repr(key[0]) + ' object'})")
 
 
-def _jsonl_problem(text: str, keys: list[tuple[str, ...]]) -> tuple[int | None, str] | None:
+def _jsonl_problem(text: str, keys: Sequence[tuple[str, ...]]) -> tuple[int | None, str] | None:
     """First line (1-based) that is not an object with a string at one of the ``keys``, and
     why (line None: no row has the key)."""
     for number, line in enumerate(text.split("\n"), 1):
@@ -405,7 +409,7 @@ def _load_jsonl(source: SourceConfig, src_lang: str,
     if not line_of:
         raise DataError(f"{path}: empty file")
 
-    def fail(keys: list[tuple[str, ...]], fallback: str) -> DataError:
+    def fail(keys: Sequence[tuple[str, ...]], fallback: str) -> DataError:
         found = _jsonl_problem(text, keys)
         if found:
             return DataError(f"{path}{'' if found[0] is None else f':{found[0]}'}: {found[1]}")
@@ -420,7 +424,7 @@ def _load_jsonl(source: SourceConfig, src_lang: str,
                         f"{len(line_of)} non-blank lines (one JSON object per line expected)")
     translation = ds.features.get("translation")
     if translation is not None:
-        keys = [("translation", src_lang), ("translation", tgt_lang)]
+        keys: list[tuple[str, ...]] = [("translation", src_lang), ("translation", tgt_lang)]
         if not isinstance(translation, dict):
             raise fail(keys, f"'translation' is {translation}, not an object of strings")
         for key in keys:
