@@ -43,6 +43,7 @@ do not depend on its batch neighbours, its position in the batch or the device l
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
@@ -169,7 +170,7 @@ def reorder_beams(cache: BeamCache, parents: jax.Array) -> BeamCache:
       the cache with ``ancestors[b, j] = old ancestors[b, parents[b, j]]`` (the model's keys
       and values are untouched).
     """
-    return cache.replace(ancestors=_gather_beams(cache.ancestors, parents))
+    return dataclasses.replace(cache, ancestors=_gather_beams(cache.ancestors, parents))
 
 
 def length_penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.Array:
@@ -496,7 +497,7 @@ def beam_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
 
     def body(s: BeamState) -> BeamState:
         logits, cache = decode_beams(model, s.last, s.i, s.cache)  # [batch, k, vocab]
-        return search(s.replace(cache=cache), logits)
+        return search(dataclasses.replace(s, cache=cache), logits)
 
     first = jnp.broadcast_to(first_logits, (batch, k, first_logits.shape[-1]))
     s = jax.lax.while_loop(cond, body, search(init, first))

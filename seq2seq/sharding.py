@@ -41,7 +41,7 @@ import contextlib
 import functools
 import logging
 import math
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import jax
 import numpy as np
@@ -49,6 +49,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 log = logging.getLogger(__name__)
+_K = TypeVar("_K")  # the keys of a batch (shard_batch keeps them)
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -165,7 +166,7 @@ def logical_to_mesh(spec: P, shape: tuple[int, ...], mesh: Mesh,
     """
     table = dict(rules)
     used: set[str] = set()
-    out = []
+    out: list[str | tuple[str, ...] | None] = []
     for dim, name in enumerate(tuple(spec) + (None,) * (len(shape) - len(spec))):
         if name is None:
             out.append(None)
@@ -386,7 +387,11 @@ class Partitioner:
             raise MeshError(f"{num_rows} batch rows are not divisible by data × fsdp = "
                             f"{self.batch_shards}; change data.max_tokens or the mesh")
         index_map = self.batch_sharding.addressable_devices_indices_map((num_rows,))
-        rows = sorted({r for idx in index_map.values() for r in range(num_rows)[idx[0]]})
+        covered: set[int] = set()
+        for idx in index_map.values():
+            assert idx is not None  # a NamedSharding gives every addressable device its slice
+            covered.update(range(num_rows)[idx[0]])
+        rows = sorted(covered)
         return np.asarray(rows)
 
     def rows_sharding(self, row_axis: int = 0) -> NamedSharding:
@@ -396,7 +401,7 @@ class Partitioner:
             return self.batch_sharding
         return NamedSharding(self.mesh, P(*([None] * row_axis), self.batch_sharding.spec[0]))
 
-    def shard_batch(self, batch: Mapping[str, np.ndarray], row_axis: int = 0) -> dict[str, jax.Array]:
+    def shard_batch(self, batch: Mapping[_K, np.ndarray], row_axis: int = 0) -> dict[_K, jax.Array]:
         """Global arrays split by rows over ``data × fsdp`` from a global host batch.
 
         Every process holds the same global batch (batch k is a function of (seed, k)) and

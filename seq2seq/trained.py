@@ -109,6 +109,7 @@ def average_checkpoints(workdir: str | Path, output: str | Path, *, steps: Seque
             raise ValueError(f"asked for the last {last} checkpoints but {checkpoint_dir(workdir)} "
                              f"has {len(available)}: {available}")
         steps = available[-last:]
+    assert steps is not None  # exactly one of steps and last was given
     steps = sorted(set(int(s) for s in steps))
     missing = [s for s in steps if s not in available]
     if not steps or missing:
@@ -121,7 +122,8 @@ def average_checkpoints(workdir: str | Path, output: str | Path, *, steps: Seque
     _, abstract = abstract_train_state(config)
     source = Checkpointer(checkpoint_dir(workdir), keep=None, async_save=False)
     try:
-        total, newest, meta = None, None, {}
+        total, newest = None, None
+        meta: dict[str, Any] = {}
         for s in steps:
             state, meta = source.restore(abstract, s)
             params = jax.tree.map(lambda x: np.asarray(x, np.float64), state.params)
@@ -129,6 +131,7 @@ def average_checkpoints(workdir: str | Path, output: str | Path, *, steps: Seque
             newest = state
     finally:
         source.close()
+    assert total is not None and newest is not None  # steps is not empty
     mean = jax.tree.map(lambda t, p: (t / len(steps)).astype(p.dtype), total, newest.params)
     averaged = newest.replace(params=jax.tree.map(jax.numpy.asarray, mean))
 

@@ -101,6 +101,7 @@ def dot_product_attention(
     weights = _attention_weights(logits, query.shape[-1], mask, bias)
     probs = weights
     if use_dropout:
+        assert dropout_rng is not None  # use_dropout implies it
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
         probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
     out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(value.dtype), value)
@@ -243,7 +244,7 @@ class MultiHeadAttention(nnx.Module):
         want_weights = return_weights or self.sow_weights
         res = dot_product_attention(q, key, value, mask, bias=bias, dropout_rate=self.dropout_rate,
                                     dropout_rng=dropout_rng, return_weights=want_weights)
-        out, weights = res if want_weights else (res, None)
+        out, weights = res if isinstance(res, tuple) else (res, None)  # a tuple iff want_weights
         if self.sow_weights:
             self.sow(nnx.Intermediate, "attention_weights", weights)
         out = self.out(out.reshape(*out.shape[:-2], -1))

@@ -136,10 +136,11 @@ class EncoderLayer(nnx.Module):
 
     def __call__(self, x, mask, *, bias=None, rope_positions=None, deterministic: bool = True,
                  rngs: nnx.Rngs | None = None):
-        kw = dict(deterministic=deterministic, rngs=rngs)
         x = self.attention_block(x, lambda h: self.self_attention(
-            h, h, mask, bias=bias, rope_positions=rope_positions, **kw), **kw)
-        return self.ffn_block(x, lambda h: self.ffn(h, **kw), **kw)
+            h, h, mask, bias=bias, rope_positions=rope_positions, deterministic=deterministic,
+            rngs=rngs), deterministic=deterministic, rngs=rngs)
+        return self.ffn_block(x, lambda h: self.ffn(h, deterministic=deterministic, rngs=rngs),
+                              deterministic=deterministic, rngs=rngs)
 
 
 class DecoderLayer(nnx.Module):
@@ -164,12 +165,15 @@ class DecoderLayer(nnx.Module):
 
     def __call__(self, x, self_mask, cross_kv, cross_mask, *, bias=None, rope_positions=None,
                  deterministic: bool = True, rngs: nnx.Rngs | None = None):
-        kw = dict(deterministic=deterministic, rngs=rngs)
+        cross_key, cross_value = cross_kv
         x = self.self_block(x, lambda h: self.self_attention(
-            h, h, self_mask, bias=bias, rope_positions=rope_positions, **kw), **kw)
-        x = self.cross_block(x, lambda h: self.cross_attention.attend(h, *cross_kv, cross_mask, **kw),
-                             **kw)
-        return self.ffn_block(x, lambda h: self.ffn(h, **kw), **kw)
+            h, h, self_mask, bias=bias, rope_positions=rope_positions, deterministic=deterministic,
+            rngs=rngs), deterministic=deterministic, rngs=rngs)
+        x = self.cross_block(x, lambda h: self.cross_attention.attend(
+            h, cross_key, cross_value, cross_mask, deterministic=deterministic, rngs=rngs),
+            deterministic=deterministic, rngs=rngs)
+        return self.ffn_block(x, lambda h: self.ffn(h, deterministic=deterministic, rngs=rngs),
+                              deterministic=deterministic, rngs=rngs)
 
     def decode_step(self, x, key_cache, value_cache, write, self_mask, cross_kv, cross_mask, *,
                     bias=None, rope_positions=None):

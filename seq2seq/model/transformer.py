@@ -9,6 +9,8 @@ Logits are returned in float32.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
@@ -112,12 +114,16 @@ class Transformer(nnx.Module):
             self.output = nnx.Linear(d, vocab, use_bias=False, dtype=dtype, rngs=rngs,
                                      kernel_init=logical(nnx.initializers.xavier_uniform(),
                                                          ("embed", "vocab")))
-        pos_kw = dict(max_len=config.max_len, relpos_buckets=config.relpos_buckets,
-                      relpos_max_distance=config.relpos_max_distance, rngs=rngs)
         self.encoder_positions = Positions(config.positions, d, config.num_heads, causal=False,
-                                           **pos_kw)
+                                           max_len=config.max_len,
+                                           relpos_buckets=config.relpos_buckets,
+                                           relpos_max_distance=config.relpos_max_distance,
+                                           rngs=rngs)
         self.decoder_positions = Positions(config.positions, d, config.num_heads, causal=True,
-                                           **pos_kw)
+                                           max_len=config.max_len,
+                                           relpos_buckets=config.relpos_buckets,
+                                           relpos_max_distance=config.relpos_max_distance,
+                                           rngs=rngs)
         self.encoder_layers = nnx.List([EncoderLayer(config, dtype=dtype, rngs=rngs)
                                         for _ in range(config.num_encoder_layers)])
         self.decoder_layers = nnx.List([DecoderLayer(config, dtype=dtype, rngs=rngs)
@@ -335,8 +341,9 @@ class Transformer(nnx.Module):
                                               bias=bias, rope_positions=rope)
             keys.append(key)
             values.append(value)
-        return self.logits(x), cache.replace(self_key=tuple(keys), self_value=tuple(values),
-                                             slot_positions=slot_positions)
+        return self.logits(x), dataclasses.replace(cache, self_key=tuple(keys),
+                                                   self_value=tuple(values),
+                                                   slot_positions=slot_positions)
 
 
 def build_model(config: ModelConfig, seed: int = 0) -> Transformer:

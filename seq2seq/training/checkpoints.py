@@ -212,7 +212,7 @@ class Checkpointer:
         if meta is None:
             return
         want = {_path(k): v.shape for k, v in jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
-        have = {_path(k): getattr(v, "shape", None) for k, v in
+        have: dict[str, Any] = {_path(k): getattr(v, "shape", None) for k, v in
                 jax.tree_util.tree_flatten_with_path(meta)[0]}
         # optimizer moments mirror the parameters: report parameters only, shapes first
         keys = [k for k in {**want, **have} if not k.startswith("opt_state.")]

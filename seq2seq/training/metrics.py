@@ -45,6 +45,7 @@ class MetricsWriter:
         record = {"step": int(step), "split": split, "time": time.time(), **values}
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+        assert self.tb is not None  # enabled: __init__ opened the writer
         for k, v in values.items():
             self.tb.add_scalar(f"{split}/{k}", v, int(step))
 
