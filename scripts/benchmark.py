@@ -49,8 +49,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -62,8 +63,7 @@ from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.decoding import beam_search_jit, greedy_search_jit
 from seq2seq.model import build_model
-from seq2seq.model.attention import dot_product_attention, segment_mask
-from seq2seq.model.attention import MultiHeadAttention
+from seq2seq.model.attention import MultiHeadAttention, dot_product_attention, segment_mask
 from seq2seq.model.flops import matmul_params, train_flops_breakdown
 from seq2seq.training.step import create_train_state, make_optimizer, make_train_step
 from seq2seq.translation import Translator, bucket_length
@@ -75,12 +75,34 @@ PRESETS = ("tatoeba", "tiny", "base")
 
 # Fixed-shape presets: equal work with other toolkits (issue #8).
 FIXED = {
-    "tiny": dict(model=dict(vocab_size=8000, d_model=256, num_heads=4, num_encoder_layers=3,
-                            num_decoder_layers=3, d_ff=1024),
-                 batch=64, length=32, decode_sentences=64, decode_length=16),
-    "base": dict(model=dict(vocab_size=8000, d_model=512, num_heads=8, num_encoder_layers=6,
-                            num_decoder_layers=6, d_ff=2048),
-                 batch=32, length=32, decode_sentences=32, decode_length=16),
+    "tiny": dict(
+        model=dict(
+            vocab_size=8000,
+            d_model=256,
+            num_heads=4,
+            num_encoder_layers=3,
+            num_decoder_layers=3,
+            d_ff=1024,
+        ),
+        batch=64,
+        length=32,
+        decode_sentences=64,
+        decode_length=16,
+    ),
+    "base": dict(
+        model=dict(
+            vocab_size=8000,
+            d_model=512,
+            num_heads=8,
+            num_encoder_layers=6,
+            num_decoder_layers=6,
+            d_ff=2048,
+        ),
+        batch=32,
+        length=32,
+        decode_sentences=32,
+        decode_length=16,
+    ),
 }
 SMOKE_MODEL = dict(d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=64)
 # --smoke: the fixed presets become the smoke-sized preset model on random tokens, with the
@@ -100,14 +122,19 @@ GOALS = {
 
 # -- small utilities --------------------------------------------------------------------------
 
+
 def say(*parts: Any) -> None:
     print(*parts, flush=True)
 
 
 def spread(values: list[float]) -> dict[str, float | int]:
     """Median, min, max and count of a list of measurements."""
-    return {"median": float(statistics.median(values)), "min": float(min(values)),
-            "max": float(max(values)), "n": len(values)}
+    return {
+        "median": float(statistics.median(values)),
+        "min": float(min(values)),
+        "max": float(max(values)),
+        "n": len(values),
+    }
 
 
 def fmt(s: dict[str, float]) -> str:
@@ -152,8 +179,9 @@ def device_memory() -> dict[str, int] | None:
         return None
     if not stats:
         return None
-    return {k: int(stats[k]) for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit")
-            if k in stats}
+    return {
+        k: int(stats[k]) for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit") if k in stats
+    }
 
 
 def cost_flops(compiled) -> float | None:
@@ -179,9 +207,11 @@ class CompileEvents:
     including ones inside library code (e.g. the Translator's per-shape beam search).
     """
 
-    NAMES = ("/jax/core/compile/jaxpr_trace_duration",
-             "/jax/core/compile/jaxpr_to_mlir_module_duration",
-             "/jax/core/compile/backend_compile_duration")
+    NAMES = (
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    )
 
     def __init__(self):
         self.count, self.seconds = 0, 0.0
@@ -209,22 +239,33 @@ def machine_info(dtype: str) -> dict[str, Any]:
     dev = jax.devices()[0]
     try:
         import flax
+
         flax_version = flax.__version__
     except Exception:  # noqa: BLE001
         flax_version = None
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "cpus_usable": affinity,
-            "memory_bytes": _total_memory(), "platform": platform.platform(),
-            "python": platform.python_version(), "jax": jax.__version__,
-            "jaxlib": getattr(jax.lib, "__version__", None) or _jaxlib_version(),
-            "flax": flax_version, "backend": jax.default_backend(), "device_kind": dev.device_kind,
-            "device_count": jax.device_count(), "dtype": dtype,
-            "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    return {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": affinity,
+        "memory_bytes": _total_memory(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": getattr(jax.lib, "__version__", None) or _jaxlib_version(),
+        "flax": flax_version,
+        "backend": jax.default_backend(),
+        "device_kind": dev.device_kind,
+        "device_count": jax.device_count(),
+        "dtype": dtype,
+        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
 
 
 def _jaxlib_version() -> str | None:
     try:
         import jaxlib
+
         return jaxlib.__version__
     except Exception:  # noqa: BLE001
         return None
@@ -252,7 +293,7 @@ def measure_peak(dtype: str, size: int, repeats: int) -> list[float]:
     for _ in range(repeats):
         t = time.perf_counter()
         dot(a, b).block_until_ready()
-        out.append(2.0 * size ** 3 / (time.perf_counter() - t))
+        out.append(2.0 * size**3 / (time.perf_counter() - t))
     return out
 
 
@@ -266,8 +307,10 @@ def fixed_batches(count: int, rows: int, length: int, vocab: int, seed: int = 0)
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length))
     batches = []
     for _ in range(count):
-        batch = {side: rng.integers(FIRST_TOKEN, vocab, (rows, length), np.int32)
-                 for side in ("src", "tgt")}
+        batch = {
+            side: rng.integers(FIRST_TOKEN, vocab, (rows, length), np.int32)
+            for side in ("src", "tgt")
+        }
         for side in ("src", "tgt"):
             batch[f"{side}_segments"] = np.ones((rows, length), np.int32)
             batch[f"{side}_positions"] = positions.copy()
@@ -283,6 +326,7 @@ def fixed_sources(n: int, length: int, vocab: int, seed: int = 1) -> np.ndarray:
 
 
 # -- the benchmark ----------------------------------------------------------------------------
+
 
 class Bench:
     """Runs the selected sections and collects their figures in ``self.result``."""
@@ -303,10 +347,15 @@ class Bench:
             overrides = [f"workdir={a.cache_dir}", f"model.dtype={a.dtype}"]
             if a.smoke:
                 corpus = write_smoke_corpus(Path(a.cache_dir) / "corpus")
-                overrides += [f"data.{split}.path={corpus / split}"
-                              for split in ("train", "dev", "test")]
-                overrides += ["data.max_len=32", "data.max_tokens=256", "tokenizer.vocab_size=300",
-                              "decode.max_tokens=256"]
+                overrides += [
+                    f"data.{split}.path={corpus / split}" for split in ("train", "dev", "test")
+                ]
+                overrides += [
+                    "data.max_len=32",
+                    "data.max_tokens=256",
+                    "tokenizer.vocab_size=300",
+                    "decode.max_tokens=256",
+                ]
                 overrides += [f"model.{k}={v}" for k, v in SMOKE_MODEL.items()]
             self._config = load_config(a.config, overrides)
         return self._config
@@ -339,13 +388,17 @@ class Bench:
         a = self.args
         self._peak_samples += measure_peak(a.dtype, a.peak_size, a.peak_repeats)
         s = spread(self._peak_samples)
-        self.result["peak"] = {"what": f"jnp.dot of two [{a.peak_size}, {a.peak_size}] {a.dtype} "
-                                       "matrices accumulated in float32, 2·n³ FLOPs per call",
-                               "size": a.peak_size, "dtype": a.dtype,
-                               "gflops_per_second": {k: (v / 1e9 if k != "n" else v)
-                                                     for k, v in s.items()}}
-        say(f"peak: {a.peak_size}x{a.peak_size} {a.dtype} matmul "
-            f"{s['median'] / 1e9:.1f} GFLOP/s (min {s['min'] / 1e9:.1f}, max {s['max'] / 1e9:.1f})")
+        self.result["peak"] = {
+            "what": f"jnp.dot of two [{a.peak_size}, {a.peak_size}] {a.dtype} "
+            "matrices accumulated in float32, 2·n³ FLOPs per call",
+            "size": a.peak_size,
+            "dtype": a.dtype,
+            "gflops_per_second": {k: (v / 1e9 if k != "n" else v) for k, v in s.items()},
+        }
+        say(
+            f"peak: {a.peak_size}x{a.peak_size} {a.dtype} matmul "
+            f"{s['median'] / 1e9:.1f} GFLOP/s (min {s['min'] / 1e9:.1f}, max {s['max'] / 1e9:.1f})"
+        )
 
     # -- data --------------------------------------------------------------------------------
     def run_data(self) -> None:
@@ -357,29 +410,44 @@ class Bench:
             data = prepare(replace(config, workdir=cold), cold)  # as the training loop does
             data.train.batch_at(0)
             out["time_to_first_batch_new_run_seconds"] = time.perf_counter() - t
-            out["note"] = ("prepare() + the first batch, as at the start of training; the "
-                           "Hugging Face datasets cache and the OS file cache may be warm")
-            out["new_run_stats"] = {k: data.stats.get(k) for k in (
-                "read_seconds", "tokenizer_seconds", "tokenize_sentences", "tokenize_seconds",
-                "tokenize_sentences_per_second")}
+            out["note"] = (
+                "prepare() + the first batch, as at the start of training; the "
+                "Hugging Face datasets cache and the OS file cache may be warm"
+            )
+            out["new_run_stats"] = {
+                k: data.stats.get(k)
+                for k in (
+                    "read_seconds",
+                    "tokenizer_seconds",
+                    "tokenize_sentences",
+                    "tokenize_seconds",
+                    "tokenize_sentences_per_second",
+                )
+            }
             cache = Path(self.args.cache_dir)
             if not (cache / "spm.model").is_file():  # seed the cache for the other sections
                 cache.mkdir(parents=True, exist_ok=True)
                 shutil.copytree(cold, cache, dirs_exist_ok=True)
             del data
-        say(f"time to first batch, new run directory (reads, trains SentencePiece, tokenizes, "
-            f"packs): {out['time_to_first_batch_new_run_seconds']:.2f} s")
+        say(
+            f"time to first batch, new run directory (reads, trains SentencePiece, tokenizes, "
+            f"packs): {out['time_to_first_batch_new_run_seconds']:.2f} s"
+        )
 
         self._prepared = None
         t = time.perf_counter()
         data = self.prepared()
         data.train.batch_at(0)
         out["time_to_first_batch_cached_seconds"] = time.perf_counter() - t
-        out["cached_stats"] = {k: data.stats.get(k) for k in (
-            "read_seconds", "tokenizer_seconds", "token_cache_seconds")}
-        say(f"time to first batch, cached tokenizer and token ids: "
+        out["cached_stats"] = {
+            k: data.stats.get(k)
+            for k in ("read_seconds", "tokenizer_seconds", "token_cache_seconds")
+        }
+        say(
+            f"time to first batch, cached tokenizer and token ids: "
             f"{out['time_to_first_batch_cached_seconds']:.2f} s "
-            f"(of which reading the corpus {data.stats['read_seconds']:.2f} s)")
+            f"(of which reading the corpus {data.stats['read_seconds']:.2f} s)"
+        )
 
         corpus = self.train_text()
         texts = corpus[0] + corpus[1]
@@ -393,12 +461,15 @@ class Bench:
         out["tokenize_sentences_per_second"] = spread(samples)
         out["tokenize_sentences"] = len(texts)
         out["tokenize_threads"] = "SentencePiece num_threads=0 (all cores)"
-        say(f"SentencePiece encode, both sides of the training split ({len(texts)} sentences): "
-            f"{fmt(spread(samples))} sentences/s")
+        say(
+            f"SentencePiece encode, both sides of the training split ({len(texts)} sentences): "
+            f"{fmt(spread(samples))} sentences/s"
+        )
         self.result["data"] = out
 
     def train_text(self) -> tuple[list[str], list[str]]:
         from seq2seq.data.sources import load_parallel
+
         d = self.config().data
         ds = load_parallel(d.train, d.src_lang, d.tgt_lang, skip_empty=d.skip_empty)
         return list(ds["source"]), list(ds["target"])
@@ -434,22 +505,37 @@ class Bench:
                 batches.append(batch)
                 real_tgt.append(int((batch["tgt_segments"] > 0).sum()))
         rows, length = batches[0]["src"].shape
-        res = self.time_train(config.model, config.train, batches, rows, length, length,
-                              real_target_tokens=real_tgt[a.warmup:],
-                              bos_id=data.tokenizer.bos_id)
-        res["config"] = (f"{a.config} (shipped small preset, real corpus, "
-                         f"packing={config.data.packing})")
+        res = self.time_train(
+            config.model,
+            config.train,
+            batches,
+            rows,
+            length,
+            length,
+            real_target_tokens=real_tgt[a.warmup :],
+            bos_id=data.tokenizer.bos_id,
+        )
+        res["config"] = (
+            f"{a.config} (shipped small preset, real corpus, packing={config.data.packing})"
+        )
         res["pipeline"] = {
-            "batches_checked": a.shape_batches, "distinct_batch_shapes": len(shapes),
+            "batches_checked": a.shape_batches,
+            "distinct_batch_shapes": len(shapes),
             "real_token_share": spread(shares),
             "epoch_real_token_share": data.stats.get("train_real_token_share"),
             "host_batch_seconds": spread(host),
             "goal_real_token_share": GOALS["train_real_token_share"],
-            "goal_met": (bool(statistics.mean(shares) >= GOALS["train_real_token_share"])
-                         if not a.smoke else None)}
-        say(f"  pipeline: {len(shapes)} distinct batch shape(s) over {a.shape_batches} batches; "
+            "goal_met": (
+                bool(statistics.mean(shares) >= GOALS["train_real_token_share"])
+                if not a.smoke
+                else None
+            ),
+        }
+        say(
+            f"  pipeline: {len(shapes)} distinct batch shape(s) over {a.shape_batches} batches; "
             f"real-token share {fmt(spread(shares))}; host time per batch "
-            f"{statistics.median(host) * 1e3:.1f} ms (not in the step time)")
+            f"{statistics.median(host) * 1e3:.1f} ms (not in the step time)"
+        )
         return res
 
     def train_fixed(self, name: str) -> dict[str, Any]:
@@ -459,10 +545,19 @@ class Bench:
         rows, length = spec["batch"], spec["length"]
         batches = fixed_batches(a.warmup + a.steps, rows, length, cfg.vocab_size)
         train_cfg = spec["train"]
-        res = self.time_train(cfg, train_cfg, batches, rows, length, length,
-                              real_target_tokens=[rows * length] * a.steps)
-        res["config"] = (f"fixed preset {name}: random tokens, no padding, dropout 0.1, label "
-                         f"smoothing 0.1, AdamW; batch {rows}x{length}")
+        res = self.time_train(
+            cfg,
+            train_cfg,
+            batches,
+            rows,
+            length,
+            length,
+            real_target_tokens=[rows * length] * a.steps,
+        )
+        res["config"] = (
+            f"fixed preset {name}: random tokens, no padding, dropout 0.1, label "
+            f"smoothing 0.1, AdamW; batch {rows}x{length}"
+        )
         goal = GOALS["train_mfu"].get(name)
         res["goal_mfu"] = goal
         res["goal_met"] = bool(res["mfu"] >= goal) if goal is not None and not a.smoke else None
@@ -470,9 +565,18 @@ class Bench:
             say(f"  goal MFU >= {goal:.0%}")
         return res
 
-    def time_train(self, model_cfg: ModelConfig, train_cfg: TrainConfig, batches: list[dict],
-                   rows: int, src_len: int, tgt_len: int, *, real_target_tokens: list[int],
-                   bos_id: int = BOS_ID) -> dict[str, Any]:
+    def time_train(
+        self,
+        model_cfg: ModelConfig,
+        train_cfg: TrainConfig,
+        batches: list[dict],
+        rows: int,
+        src_len: int,
+        tgt_len: int,
+        *,
+        real_target_tokens: list[int],
+        bos_id: int = BOS_ID,
+    ) -> dict[str, Any]:
         """Compile and time ``seq2seq.training.step.make_train_step`` on ``batches``."""
         a = self.args
         model = build_model(model_cfg, train_cfg.seed)
@@ -480,9 +584,10 @@ class Bench:
         graphdef, state = create_train_state(model, tx, train_cfg.seed)
         del model
         n_params = int(sum(x.size for x in jax.tree.leaves(state.params)))
-        train_step = jax.jit(make_train_step(graphdef, tx, bos_id=bos_id,
-                                             label_smoothing=train_cfg.label_smoothing),
-                             donate_argnums=0)
+        train_step = jax.jit(
+            make_train_step(graphdef, tx, bos_id=bos_id, label_smoothing=train_cfg.label_smoothing),
+            donate_argnums=0,
+        )
         device_batches = [{k: jnp.asarray(v) for k, v in b.items()} for b in batches]
         cache_before = jit_cache_size(train_step)
 
@@ -513,7 +618,8 @@ class Bench:
         achieved = flops["total"] / med
         peak = self.peak()
         res = {
-            "model": dataclasses.asdict(model_cfg), "parameters": n_params,
+            "model": dataclasses.asdict(model_cfg),
+            "parameters": n_params,
             "matmul_parameters": matmul_params(model_cfg),
             "batch_shape": {"rows": rows, "src_len": src_len, "tgt_len": tgt_len},
             "step_seconds": step,
@@ -522,10 +628,13 @@ class Bench:
             "real_target_tokens_per_second": real_tgt / med,
             "real_target_tokens_per_step": real_tgt,
             "compile_seconds": compile_seconds,
-            "compilations": {"jit_cache_entries": (None if cache_after is None else
-                                                   cache_after - (cache_before or 0)),
-                             "backend_compiles_during_steps": compilations_in_steps,
-                             "backend_compiles_for_first_step": count1 - count0},
+            "compilations": {
+                "jit_cache_entries": (
+                    None if cache_after is None else cache_after - (cache_before or 0)
+                ),
+                "backend_compiles_during_steps": compilations_in_steps,
+                "backend_compiles_for_first_step": count1 - count0,
+            },
             "model_flops_per_step": flops["total"],
             "model_flops_breakdown": flops,
             "xla_flops_per_step": xla_flops,
@@ -535,24 +644,28 @@ class Bench:
             "mfu": achieved / peak,
             "final_loss": loss,
         }
-        say(f"  {model_cfg.d_model}d {model_cfg.num_encoder_layers}+{model_cfg.num_decoder_layers} "
+        say(
+            f"  {model_cfg.d_model}d {model_cfg.num_encoder_layers}+{model_cfg.num_decoder_layers} "
             f"layers, {n_params / 1e6:.2f}M params, batch {rows}x{src_len}+{rows}x{tgt_len}: "
-            f"step {fmt(step)} s; compile {compile_seconds:.1f} s")
+            f"step {fmt(step)} s; compile {compile_seconds:.1f} s"
+        )
         nan = float("nan")
-        say(f"  tokens/s {res['tokens_per_second']:.0f} (src+tgt), "
+        say(
+            f"  tokens/s {res['tokens_per_second']:.0f} (src+tgt), "
             f"target {res['target_tokens_per_second']:.0f}, "
             f"real target {res['real_target_tokens_per_second']:.0f}; "
             f"model {flops['total'] / 1e9:.1f} GFLOP/step vs XLA "
             f"{(xla_flops or nan) / 1e9:.1f} (ratio {res['xla_over_model_flops'] or nan:.3f}); "
             f"{achieved / 1e9:.1f} GFLOP/s, MFU {res['mfu']:.1%}; jit cache entries "
             f"{res['compilations']['jit_cache_entries']}, "
-            f"compiles during steps {compilations_in_steps}")
+            f"compiles during steps {compilations_in_steps}"
+        )
         return res
 
     def rescale_mfu(self) -> None:
         """MFU against the median of all peak samples of the run (start and end)."""
         peak = self.peak()
-        for name, res in self.result.get("train", {}).items():
+        for res in self.result.get("train", {}).values():
             res["peak_gflops_per_second"] = peak / 1e9
             res["mfu"] = res["achieved_gflops_per_second"] * 1e9 / peak
             goal = res.get("goal_mfu")
@@ -565,22 +678,30 @@ class Bench:
         a = self.args
         if a.workdir:
             from seq2seq.trained import load_trained
+
             config, tokenizer, graphdef, params = load_trained(a.workdir)
             return config, tokenizer, graphdef, params, f"trained run {a.workdir}"
         data = self.prepared()
         config = self.config()
         model = build_model(config.model, config.train.seed)
         graphdef, params = nnx.split(model, nnx.Param)
-        return (config, data.tokenizer, graphdef, params,
-                "randomly initialised model of the preset (untrained: outputs run to the length "
-                "limit, so this is a worst case; pass --workdir of a trained run)")
+        return (
+            config,
+            data.tokenizer,
+            graphdef,
+            params,
+            "randomly initialised model of the preset (untrained: outputs run to the length "
+            "limit, so this is a worst case; pass --workdir of a trained run)",
+        )
 
     def test_sources(self, config: Config) -> list[str]:
         """Source sentences of the test split of ``config`` (the trained run's, with --workdir)."""
         from seq2seq.data.sources import load_parallel
+
         d = config.data
-        ds = load_parallel(d.test, d.src_lang, d.tgt_lang, skip_empty=d.skip_empty,
-                           split_name="test")
+        ds = load_parallel(
+            d.test, d.src_lang, d.tgt_lang, skip_empty=d.skip_empty, split_name="test"
+        )
         return list(ds["source"])
 
     def run_decode(self) -> None:
@@ -596,19 +717,27 @@ class Bench:
             out["test_split"] = {}
             for beam in a.beams:
                 out["test_split"][f"beam{beam}"] = self.decode_test(
-                    config, tokenizer, graphdef, params, sources, beam,
-                    full=len(sources) == len(split))
+                    config,
+                    tokenizer,
+                    graphdef,
+                    params,
+                    sources,
+                    beam,
+                    full=len(sources) == len(split),
+                )
             out["kv_cache"] = self.kv_cache(config, tokenizer, graphdef, params, sources)
         fixed = [name for name in a.presets if name in FIXED]
         out["fixed"] = {name: self.decode_fixed(name) for name in fixed}
         out["fixed_greedy"] = {name: self.decode_fixed_greedy(name) for name in fixed}
         self.result["decode"] = out
 
-    def decode_test(self, config, tokenizer, graphdef, params, sources, beam, *,
-                    full: bool) -> dict[str, Any]:
+    def decode_test(
+        self, config, tokenizer, graphdef, params, sources, beam, *, full: bool
+    ) -> dict[str, Any]:
         dcfg = dataclasses.replace(config.decode, beam_size=beam)
-        translator = Translator(graphdef, params, tokenizer, dcfg,
-                                max_src_len=decode_source_limit(config))
+        translator = Translator(
+            graphdef, params, tokenizer, dcfg, max_src_len=decode_source_limit(config)
+        )
         c0, s0 = self.events.snapshot()
         t = time.perf_counter()
         hyps = translator.translate(sources)
@@ -618,27 +747,35 @@ class Bench:
         decode_s = max(wall - compile_s, 1e-9)
         out_tokens = sum(len(h[0].tokens) + 1 for h, s in zip(hyps, sources) if s.strip())
         src_tokens = sum(len(x) for x in tokenizer.encode(sources))
-        res = {"sentences": len(sources), "beam_size": beam,
-               "search": "greedy" if beam == 1 else "beam",
-               "seconds": decode_s, "compile_seconds": compile_s, "compilations": c1 - c0,
-               "seconds_with_compile": wall,
-               "sentences_per_second": len(sources) / decode_s,
-               "output_tokens_per_second": out_tokens / decode_s,
-               "output_tokens": out_tokens, "source_tokens": src_tokens,
-               "mean_output_tokens": out_tokens / max(len(sources), 1),
-               "decode_config": dataclasses.asdict(dcfg),
-               "timing": "one pass through seq2seq.translation.Translator; compile time = JAX "
-                         "compile events (trace + lowering + XLA) during the pass, decode time "
-                         "= wall time minus compile time"}
+        res = {
+            "sentences": len(sources),
+            "beam_size": beam,
+            "search": "greedy" if beam == 1 else "beam",
+            "seconds": decode_s,
+            "compile_seconds": compile_s,
+            "compilations": c1 - c0,
+            "seconds_with_compile": wall,
+            "sentences_per_second": len(sources) / decode_s,
+            "output_tokens_per_second": out_tokens / decode_s,
+            "output_tokens": out_tokens,
+            "source_tokens": src_tokens,
+            "mean_output_tokens": out_tokens / max(len(sources), 1),
+            "decode_config": dataclasses.asdict(dcfg),
+            "timing": "one pass through seq2seq.translation.Translator; compile time = JAX "
+            "compile events (trace + lowering + XLA) during the pass, decode time "
+            "= wall time minus compile time",
+        }
         if beam == 4:
             res["goal_seconds"] = GOALS["test_split_beam4_seconds"]
             applies = full and len(sources) == GOALS["test_split_sentences"]
             res["goal_met"] = bool(wall < GOALS["test_split_beam4_seconds"]) if applies else None
         search = "greedy (beam 1)" if beam == 1 else f"beam {beam}"
-        say(f"  test split, {search}: {len(sources)} sentences "
+        say(
+            f"  test split, {search}: {len(sources)} sentences "
             f"in {decode_s:.2f} s + compile {compile_s:.2f} s ({c1 - c0} compilations): "
             f"{res['sentences_per_second']:.1f} sentences/s, {res['output_tokens_per_second']:.0f} "
-            f"output tokens/s (mean output {res['mean_output_tokens']:.1f} tokens incl. EOS)")
+            f"output tokens/s (mean output {res['mean_output_tokens']:.1f} tokens incl. EOS)"
+        )
         return res
 
     def kv_cache(self, config, tokenizer, graphdef, params, sources) -> dict[str, Any]:
@@ -653,30 +790,46 @@ class Bench:
         max_len = int(config.decode.max_len_a * width + config.decode.max_len_b)
         batches = []
         for start in range(0, len(ids), rows):
-            chunk = ids[start:start + rows]
+            chunk = ids[start : start + rows]
             src = np.full((rows, width), tokenizer.pad_id, np.int32)
             lengths = np.ones((rows,), np.int32)
             for r, x in enumerate(chunk):
-                src[r, :len(x)] = x
+                src[r, : len(x)] = x
                 lengths[r] = len(x)
-            max_lengths = np.minimum(np.ceil(config.decode.max_len_a * lengths
-                                             + config.decode.max_len_b), max_len).astype(np.int32)
+            max_lengths = np.minimum(
+                np.ceil(config.decode.max_len_a * lengths + config.decode.max_len_b), max_len
+            ).astype(np.int32)
             segments = (src != tokenizer.pad_id).astype(np.int32)
-            batches.append((jnp.asarray(src), jnp.asarray(segments), jnp.asarray(max_lengths),
-                            len(chunk)))
+            batches.append(
+                (jnp.asarray(src), jnp.asarray(segments), jnp.asarray(max_lengths), len(chunk))
+            )
         special = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
 
         def cached(src, seg, max_lengths):
-            tokens, _ = greedy_search_jit(params, src, seg, max_lengths, graphdef=graphdef,
-                                          max_len=max_len, **special)
+            tokens, _ = greedy_search_jit(
+                params, src, seg, max_lengths, graphdef=graphdef, max_len=max_len, **special
+            )
             return np.asarray(tokens)
 
         def uncached(src, seg, max_lengths):
-            return no_cache_greedy(graphdef, params, src, seg, max_lengths, max_len=max_len,
-                                   prefix_step=a.kv_prefix_step, **special)
+            return no_cache_greedy(
+                graphdef,
+                params,
+                src,
+                seg,
+                max_lengths,
+                max_len=max_len,
+                prefix_step=a.kv_prefix_step,
+                **special,
+            )
 
-        res: dict[str, Any] = {"sentences": len(ids), "batch_rows": rows, "source_width": width,
-                               "max_len": max_len, "prefix_rounding": a.kv_prefix_step}
+        res: dict[str, Any] = {
+            "sentences": len(ids),
+            "batch_rows": rows,
+            "source_width": width,
+            "max_len": max_len,
+            "prefix_rounding": a.kv_prefix_step,
+        }
         outputs = {}
         for name, fn in (("kv_cache", cached), ("no_cache", uncached)):
             c0, _ = self.events.snapshot()
@@ -692,21 +845,28 @@ class Bench:
             res[f"{name}_sentences_per_second"] = len(ids) / seconds
             res[f"{name}_compilations"] = c1 - c0
             res[f"{name}_compilations_while_timed"] = self.events.snapshot()[0] - c1
-        same = [np.array_equal(x, y) for bx, by in zip(outputs["kv_cache"], outputs["no_cache"])
-                for x, y in zip(bx, by)]
+        same = [
+            np.array_equal(x, y)
+            for bx, by in zip(outputs["kv_cache"], outputs["no_cache"])
+            for x, y in zip(bx, by)
+        ]
         res["same_output_share"] = float(np.mean(same))
         res["speedup"] = res["no_cache_seconds"] / res["kv_cache_seconds"]
-        res["method"] = ("greedy on the first test sentences (sorted by length, one batch shape); "
-                         "kv_cache = seq2seq.decoding.greedy_search (lax.while_loop, KV cache); "
-                         "no_cache = Transformer.decode over the whole prefix at every step "
-                         "(all decoder layers, cross-attention K/V and the output projection "
-                         "recomputed), prefix padded up to a multiple of prefix_rounding "
-                         "positions to bound compilations (causal mask: the padding changes "
-                         "nothing), one jit call per step")
-        say(f"  KV cache vs recomputing the prefix (greedy, {len(ids)} sentences, "
+        res["method"] = (
+            "greedy on the first test sentences (sorted by length, one batch shape); "
+            "kv_cache = seq2seq.decoding.greedy_search (lax.while_loop, KV cache); "
+            "no_cache = Transformer.decode over the whole prefix at every step "
+            "(all decoder layers, cross-attention K/V and the output projection "
+            "recomputed), prefix padded up to a multiple of prefix_rounding "
+            "positions to bound compilations (causal mask: the padding changes "
+            "nothing), one jit call per step"
+        )
+        say(
+            f"  KV cache vs recomputing the prefix (greedy, {len(ids)} sentences, "
             f"{rows}x{width} sources, max {max_len} steps): {res['kv_cache_seconds']:.2f} s vs "
             f"{res['no_cache_seconds']:.2f} s, speed-up {res['speedup']:.2f}x; identical output "
-            f"for {res['same_output_share']:.0%} of sentences")
+            f"for {res['same_output_share']:.0%} of sentences"
+        )
         return res
 
     def decode_fixed(self, name: str) -> dict[str, Any]:
@@ -731,10 +891,20 @@ class Bench:
         n, length = spec["decode_sentences"], spec["decode_length"]
         graphdef, params = nnx.split(build_model(cfg, 0), nnx.Param)
         src = fixed_sources(n, length, cfg.vocab_size)
-        args = (params, jnp.asarray(src), jnp.ones((n, length), jnp.int32),
-                jnp.full((n,), length, jnp.int32))
-        kw = dict(graphdef=graphdef, max_len=length, min_length=length, bos_id=BOS_ID,
-                  eos_id=EOS_ID, pad_id=PAD_ID)
+        args = (
+            params,
+            jnp.asarray(src),
+            jnp.ones((n, length), jnp.int32),
+            jnp.full((n,), length, jnp.int32),
+        )
+        kw = dict(
+            graphdef=graphdef,
+            max_len=length,
+            min_length=length,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            pad_id=PAD_ID,
+        )
         if beam_size == 1:
             search, method = greedy_search_jit, "greedy_search"
         else:
@@ -744,8 +914,11 @@ class Bench:
         search.lower(*args, **kw).compile()
         compile_s = time.perf_counter() - t
         out = search(*args, **kw)
-        lengths = (np.sum(np.asarray(out[0]) != PAD_ID, axis=1) if beam_size == 1
-                   else np.asarray(out.lengths)[:, 0])
+        lengths = (
+            np.sum(np.asarray(out[0]) != PAD_ID, axis=1)
+            if beam_size == 1
+            else np.asarray(out.lengths)[:, 0]
+        )
         times = []
         for _ in range(a.decode_repeats):
             t = time.perf_counter()
@@ -754,16 +927,25 @@ class Bench:
         s = spread(times)
         sps = {k: (n / v if k != "n" else v) for k, v in s.items()}
         sps["min"], sps["max"] = n / s["max"], n / s["min"]
-        res = {"sentences": n, "source_tokens": length, "output_tokens": length,
-               "beam_size": beam_size, "eos_suppressed": True,
-               "all_outputs_exact_length": bool(np.all(lengths == length)),
-               "seconds": s, "sentences_per_second": sps, "compile_seconds": compile_s,
-               "model": dataclasses.asdict(cfg),
-               "method": f"seq2seq.decoding.{method}, one batch of {n} random sources, "
-                         f"max_len = min_length = {length} (EOS only at the last position)"}
+        res = {
+            "sentences": n,
+            "source_tokens": length,
+            "output_tokens": length,
+            "beam_size": beam_size,
+            "eos_suppressed": True,
+            "all_outputs_exact_length": bool(np.all(lengths == length)),
+            "seconds": s,
+            "sentences_per_second": sps,
+            "compile_seconds": compile_s,
+            "model": dataclasses.asdict(cfg),
+            "method": f"seq2seq.decoding.{method}, one batch of {n} random sources, "
+            f"max_len = min_length = {length} (EOS only at the last position)",
+        }
         search_name = "greedy" if beam_size == 1 else f"beam {beam_size}"
-        say(f"  fixed {name}: {search_name}, {n} sources x {length} tokens -> {length} tokens: "
-            f"{fmt(sps)} sentences/s (compile {compile_s:.1f} s)")
+        say(
+            f"  fixed {name}: {search_name}, {n} sources x {length} tokens -> {length} tokens: "
+            f"{fmt(sps)} sentences/s (compile {compile_s:.1f} s)"
+        )
         return res
 
     # -- attention memory --------------------------------------------------------------------
@@ -773,41 +955,60 @@ class Bench:
         m = self.config().model
         d, heads = m.d_model, m.num_heads
         dtype = jnp.dtype(a.dtype)
-        out: dict[str, Any] = {"d_model": d, "heads": heads, "batch": 1, "dtype": a.dtype,
-                               "chunk": a.attention_chunk, "lengths": {},
-                               "measure": "compiled executable's memory_analysis(): temporary "
-                                          "bytes of value_and_grad of one self-attention layer "
-                                          "(projections + attention, segment mask built from "
-                                          "segment ids); nothing is run"}
-        paths = {"default": attention_layer_default, "chunked": functools.partial(
-            attention_layer_chunked, chunk=a.attention_chunk)}
+        out: dict[str, Any] = {
+            "d_model": d,
+            "heads": heads,
+            "batch": 1,
+            "dtype": a.dtype,
+            "chunk": a.attention_chunk,
+            "lengths": {},
+            "measure": "compiled executable's memory_analysis(): temporary "
+            "bytes of value_and_grad of one self-attention layer "
+            "(projections + attention, segment mask built from "
+            "segment ids); nothing is run",
+        }
+        paths = {
+            "default": attention_layer_default,
+            "chunked": functools.partial(attention_layer_chunked, chunk=a.attention_chunk),
+        }
         if jax.default_backend() == "gpu":
             paths["cudnn"] = attention_layer_cudnn
         layer = MultiHeadAttention(d, heads, dtype=dtype, rngs=nnx.Rngs(0))
         graphdef, params = nnx.split(layer)
         out["chunked_check"] = check_chunked(d, heads, chunk=max(1, a.attention_chunk // 8))
         check = out["chunked_check"]
-        say(f"  chunked = default on a packed, padded row (n={check['n']}): max |diff| of output "
-            f"and gradients {check['max_abs_diff']:.2e}")
+        say(
+            f"  chunked = default on a packed, padded row (n={check['n']}): max |diff| of output "
+            f"and gradients {check['max_abs_diff']:.2e}"
+        )
         for n in a.attention_lengths:
             row: dict[str, Any] = {"scores_bytes_per_layer": n * n * heads * 4}
             for name, fn in paths.items():
                 row[name] = compiled_memory(fn, graphdef, params, n, d, dtype)
             out["lengths"][str(n)] = row
-            say(f"  n={n}: " + ", ".join(
-                f"{k} temp {v['temp_bytes'] / 2**20:.1f} MiB" if v.get("temp_bytes") is not None
-                else f"{k} {v}" for k, v in row.items() if isinstance(v, dict)))
+            say(
+                f"  n={n}: "
+                + ", ".join(
+                    f"{k} temp {v['temp_bytes'] / 2**20:.1f} MiB"
+                    if v.get("temp_bytes") is not None
+                    else f"{k} {v}"
+                    for k, v in row.items()
+                    if isinstance(v, dict)
+                )
+            )
         self.result["attention"] = out
 
     # -- memory (child processes) ------------------------------------------------------------
     def run_memory(self) -> None:
         say("\n== memory ==")
         self.prepared()  # so that no child trains a tokenizer
-        out: dict[str, Any] = {"method": "each phase in its own child process of this script; "
-                                         "peak RSS = VmHWM of /proc/self/status (else "
-                                         "getrusage ru_maxrss); "
-                                         "baseline = RSS after imports, setup = RSS with data "
-                                         "and model ready, before the first step"}
+        out: dict[str, Any] = {
+            "method": "each phase in its own child process of this script; "
+            "peak RSS = VmHWM of /proc/self/status (else "
+            "getrusage ru_maxrss); "
+            "baseline = RSS after imports, setup = RSS with data "
+            "and model ready, before the first step"
+        }
         phases = ("train", "decode")
         # One after the other, so that each has the machine to itself (--smoke: side by side).
         procs = {}
@@ -820,17 +1021,33 @@ class Bench:
             if procs[phase].returncode != 0:
                 raise RuntimeError(f"memory child {phase} failed:\n{stderr[-4000:]}")
             out[phase] = r = json.loads(stdout.strip().splitlines()[-1])
-            say(f"  {phase}: peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB (after imports "
+            say(
+                f"  {phase}: peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB (after imports "
                 f"{(r['baseline_rss_bytes'] or 0) / 2**20:.0f} MiB, after setup "
-                f"{(r['setup_rss_bytes'] or 0) / 2**20:.0f} MiB); device {r.get('device_memory')}")
+                f"{(r['setup_rss_bytes'] or 0) / 2**20:.0f} MiB); device {r.get('device_memory')}"
+            )
         self.result["memory"] = out
 
     def child(self, phase: str) -> subprocess.Popen:
         a = self.args
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-child", phase,
-               "--config", a.config, "--cache-dir", a.cache_dir, "--dtype", a.dtype,
-               "--steps", str(a.steps), "--warmup", str(a.warmup),
-               "--memory-decode-sentences", str(a.memory_decode_sentences)]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--memory-child",
+            phase,
+            "--config",
+            a.config,
+            "--cache-dir",
+            a.cache_dir,
+            "--dtype",
+            a.dtype,
+            "--steps",
+            str(a.steps),
+            "--warmup",
+            str(a.warmup),
+            "--memory-decode-sentences",
+            str(a.memory_decode_sentences),
+        ]
         if a.smoke:
             cmd.append("--smoke")
         if a.workdir:
@@ -838,8 +1055,9 @@ class Bench:
         # No up-front GPU memory grab: the parent still holds its own, and the allocator's
         # peak is then what the phase really used.
         env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=os.getcwd(), env=env)
+        return subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd(), env=env
+        )
 
     def memory_child(self, phase: str) -> dict[str, Any]:
         a = self.args
@@ -852,9 +1070,15 @@ class Bench:
             tx = make_optimizer(config.train)
             graphdef, state = create_train_state(model, tx, config.train.seed)
             del model
-            train_step = jax.jit(make_train_step(graphdef, tx, bos_id=data.tokenizer.bos_id,
-                                                 label_smoothing=config.train.label_smoothing),
-                                 donate_argnums=0)
+            train_step = jax.jit(
+                make_train_step(
+                    graphdef,
+                    tx,
+                    bos_id=data.tokenizer.bos_id,
+                    label_smoothing=config.train.label_smoothing,
+                ),
+                donate_argnums=0,
+            )
             setup = rss_now()
             for batch in batches:
                 batch = {k: jnp.asarray(v) for k, v in batch.items()}
@@ -867,16 +1091,29 @@ class Bench:
             every = max(1, len(sources) // max(a.memory_decode_sentences, 1))
             sources = sources[::every][: a.memory_decode_sentences]
             setup = rss_now()
-            Translator(graphdef, params, tokenizer, dataclasses.replace(config.decode, beam_size=4),
-                       max_src_len=decode_source_limit(config)).translate(sources)
-            what = (f"beam-4 translation of {len(sources)} test sentences spread over the split "
-                    f"({model_what.split(' (')[0]})")
-        return {"phase": phase, "what": what, "baseline_rss_bytes": baseline,
-                "setup_rss_bytes": setup, "peak_rss_bytes": peak_rss(),
-                "device_memory": device_memory()}
+            Translator(
+                graphdef,
+                params,
+                tokenizer,
+                dataclasses.replace(config.decode, beam_size=4),
+                max_src_len=decode_source_limit(config),
+            ).translate(sources)
+            what = (
+                f"beam-4 translation of {len(sources)} test sentences spread over the split "
+                f"({model_what.split(' (')[0]})"
+            )
+        return {
+            "phase": phase,
+            "what": what,
+            "baseline_rss_bytes": baseline,
+            "setup_rss_bytes": setup,
+            "peak_rss_bytes": peak_rss(),
+            "device_memory": device_memory(),
+        }
 
 
 # -- decoding without a cache -----------------------------------------------------------------
+
 
 def _positions(segments: jax.Array) -> jax.Array:
     return jnp.where(segments > 0, jnp.arange(segments.shape[1])[None, :], 0).astype(jnp.int32)
@@ -887,10 +1124,25 @@ def _encode(params, src, src_segments, *, graphdef):
     return nnx.merge(graphdef, params).encode(src, src_segments, _positions(src_segments))
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("graphdef", "prefix_len", "bos_id", "eos_id", "pad_id"))
-def _no_cache_step(params, encoded, src_segments, dec_in, out, finished, max_lengths, index, *,
-                   graphdef, prefix_len, bos_id, eos_id, pad_id):
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "prefix_len", "bos_id", "eos_id", "pad_id")
+)
+def _no_cache_step(
+    params,
+    encoded,
+    src_segments,
+    dec_in,
+    out,
+    finished,
+    max_lengths,
+    index,
+    *,
+    graphdef,
+    prefix_len,
+    bos_id,
+    eos_id,
+    pad_id,
+):
     """One greedy step that runs the whole decoder over ``dec_in[:, :prefix_len]``."""
     model = nnx.merge(graphdef, params)
     prefix = dec_in[:, :prefix_len]
@@ -911,8 +1163,19 @@ def _no_cache_step(params, encoded, src_segments, dec_in, out, finished, max_len
     return dec_in, out, finished | (tok == eos_id)
 
 
-def no_cache_greedy(graphdef, params, src, src_segments, max_lengths, *, max_len: int,
-                    prefix_step: int, bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
+def no_cache_greedy(
+    graphdef,
+    params,
+    src,
+    src_segments,
+    max_lengths,
+    *,
+    max_len: int,
+    prefix_step: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+) -> np.ndarray:
     """Greedy decoding that recomputes the decoder over the prefix at every step (no KV cache).
 
     Returns the same int32 ``[batch, max_len]`` tokens as ``seq2seq.decoding.greedy_search``.
@@ -926,14 +1189,27 @@ def no_cache_greedy(graphdef, params, src, src_segments, max_lengths, *, max_len
     for i in range(max_len):
         prefix_len = min(max_len, -(-(i + 1) // prefix_step) * prefix_step)
         dec_in, out, finished = _no_cache_step(
-            params, encoded, src_segments, dec_in, out, finished, max_lengths, jnp.int32(i),
-            graphdef=graphdef, prefix_len=prefix_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+            params,
+            encoded,
+            src_segments,
+            dec_in,
+            out,
+            finished,
+            max_lengths,
+            jnp.int32(i),
+            graphdef=graphdef,
+            prefix_len=prefix_len,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            pad_id=pad_id,
+        )
         if bool(jnp.all(finished)):
             break
     return np.asarray(out)
 
 
 # -- attention memory ---------------------------------------------------------------------------
+
 
 def _qkv(layer: MultiHeadAttention, x: jax.Array):
     split = lambda y: y.reshape(*y.shape[:-1], layer.num_heads, layer.head_dim)
@@ -969,8 +1245,9 @@ def chunked_attention(q, k, v, q_segments, k_segments, *, chunk: int) -> jax.Arr
     return jax.lax.map(block, (qb, sb)).swapaxes(0, 1).reshape(b, n, h, dh)
 
 
-def attention_layer_chunked(layer: MultiHeadAttention, x: jax.Array, segments: jax.Array, *,
-                            chunk: int):
+def attention_layer_chunked(
+    layer: MultiHeadAttention, x: jax.Array, segments: jax.Array, *, chunk: int
+):
     q, k, v = _qkv(layer, x)
     out = chunked_attention(q, k, v, segments, segments, chunk=min(chunk, x.shape[1]))
     return layer.out(out.reshape(*out.shape[:-2], -1))
@@ -980,8 +1257,9 @@ def attention_layer_cudnn(layer: MultiHeadAttention, x: jax.Array, segments: jax
     """cuDNN flash attention (GPU, fp16/bf16); padding given as lengths, no dense mask."""
     q, k, v = _qkv(layer, x)
     lengths = jnp.sum(segments > 0, axis=1).astype(jnp.int32)
-    out = jax.nn.dot_product_attention(q, k, v, query_seq_lengths=lengths,
-                                       key_value_seq_lengths=lengths, implementation="cudnn")
+    out = jax.nn.dot_product_attention(
+        q, k, v, query_seq_lengths=lengths, key_value_seq_lengths=lengths, implementation="cudnn"
+    )
     return layer.out(out.reshape(*out.shape[:-2], -1))
 
 
@@ -991,8 +1269,14 @@ def check_chunked(d: int, heads: int, *, chunk: int) -> dict[str, Any]:
     n = 8 * chunk
     x = jax.random.normal(jax.random.key(1), (1, n, d), jnp.float32)
     cotangent = jax.random.normal(jax.random.key(2), (1, n, d), jnp.float32)
-    segments = jnp.concatenate([jnp.full((3 * chunk,), 1), jnp.full((2 * chunk + 5,), 2),
-                                jnp.full((2 * chunk - 5,), 3), jnp.zeros((chunk,))])[None]
+    segments = jnp.concatenate(
+        [
+            jnp.full((3 * chunk,), 1),
+            jnp.full((2 * chunk + 5,), 2),
+            jnp.full((2 * chunk - 5,), 3),
+            jnp.zeros((chunk,)),
+        ]
+    )[None]
     segments = segments.astype(jnp.int32)
     graphdef, params = nnx.split(MultiHeadAttention(d, heads, dtype=jnp.float32, rngs=nnx.Rngs(0)))
 
@@ -1000,17 +1284,21 @@ def check_chunked(d: int, heads: int, *, chunk: int) -> dict[str, Any]:
         def loss(p, x):
             y = fn(nnx.merge(graphdef, p), x, segments).astype(jnp.float32)
             return jnp.sum(y * cotangent), y
+
         (_, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
         return y, grads
 
-    ref, got = run(attention_layer_default), run(functools.partial(attention_layer_chunked,
-                                                                   chunk=chunk))
+    ref, got = (
+        run(attention_layer_default),
+        run(functools.partial(attention_layer_chunked, chunk=chunk)),
+    )
     diffs = jax.tree.map(lambda u, v: jnp.max(jnp.abs(u - v)), ref, got)
     return {"n": n, "chunk": chunk, "max_abs_diff": float(max(jax.tree.leaves(diffs)))}
 
 
 def compiled_memory(fn: Callable, graphdef, params, n: int, d: int, dtype) -> dict[str, Any]:
     """Memory of ``value_and_grad`` of ``sum(fn(layer, x, segments))`` at length ``n``."""
+
     def loss(p, x, segments):
         return jnp.sum(fn(nnx.merge(graphdef, p), x, segments).astype(jnp.float32))
 
@@ -1026,12 +1314,16 @@ def compiled_memory(fn: Callable, graphdef, params, n: int, d: int, dtype) -> di
     except Exception as e:  # noqa: BLE001 - e.g. cuDNN unavailable for this shape or dtype
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
     get = lambda name: int(getattr(mem, name)) if mem is not None and hasattr(mem, name) else None
-    return {"temp_bytes": get("temp_size_in_bytes"),
-            "argument_bytes": get("argument_size_in_bytes"),
-            "output_bytes": get("output_size_in_bytes"), "compile_seconds": seconds}
+    return {
+        "temp_bytes": get("temp_size_in_bytes"),
+        "argument_bytes": get("argument_size_in_bytes"),
+        "output_bytes": get("output_size_in_bytes"),
+        "compile_seconds": seconds,
+    }
 
 
 # -- smoke corpus ---------------------------------------------------------------------------------
+
 
 def write_smoke_corpus(directory: Path, sizes=(("train", 1200), ("dev", 40), ("test", 24))) -> Path:
     """First lines of the shipped corpus as small plain-text splits (for ``--smoke``)."""
@@ -1050,62 +1342,111 @@ def write_smoke_corpus(directory: Path, sizes=(("train", 1200), ("dev", 40), ("t
 
 # -- command line ---------------------------------------------------------------------------------
 
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default=",".join(SECTIONS),
-                   help=f"comma-separated sections to run: {','.join(SECTIONS)} (default all)")
-    p.add_argument("--preset", default=",".join(PRESETS),
-                   help="comma-separated configs for train/decode: tatoeba (shipped preset on the "
-                        "real corpus), tiny, base (fixed shapes) (default all)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run: {','.join(SECTIONS)} (default all)",
+    )
+    p.add_argument(
+        "--preset",
+        default=",".join(PRESETS),
+        help="comma-separated configs for train/decode: tatoeba (shipped preset on the "
+        "real corpus), tiny, base (fixed shapes) (default all)",
+    )
     p.add_argument("--steps", type=int, default=None, help="timed training steps (default 10)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 2)")
-    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
-                   help="compute dtype (default float32 on CPU, bfloat16 on GPU/TPU)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float32", "bfloat16"),
+        help="compute dtype (default float32 on CPU, bfloat16 on GPU/TPU)",
+    )
     p.add_argument("--config", default="configs/tatoeba_en_es.yaml", help="the small preset")
-    p.add_argument("--workdir", default=None,
-                   help="a trained run to decode with (default: a randomly initialised model)")
-    p.add_argument("--cache-dir", default=None,
-                   help="where the preset's tokenizer and token ids are cached "
-                        "(default runs/benchmark; a temporary directory with --smoke)")
+    p.add_argument(
+        "--workdir",
+        default=None,
+        help="a trained run to decode with (default: a randomly initialised model)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="where the preset's tokenizer and token ids are cached "
+        "(default runs/benchmark; a temporary directory with --smoke)",
+    )
     p.add_argument("--beams", default="1,4", help="beam sizes on the test split (1 = greedy)")
-    p.add_argument("--decode-limit", type=int, default=None,
-                   help="decode only the first N test sentences (0 = all 2,780; default)")
-    p.add_argument("--decode-repeats", type=int, default=None,
-                   help="fixed-shape decode repeats (10)")
-    p.add_argument("--kv-sentences", type=int, default=None,
-                   help="sentences for the KV-cache test (128)")
+    p.add_argument(
+        "--decode-limit",
+        type=int,
+        default=None,
+        help="decode only the first N test sentences (0 = all 2,780; default)",
+    )
+    p.add_argument(
+        "--decode-repeats", type=int, default=None, help="fixed-shape decode repeats (10)"
+    )
+    p.add_argument(
+        "--kv-sentences", type=int, default=None, help="sentences for the KV-cache test (128)"
+    )
     p.add_argument("--kv-rows", type=int, default=64, help="batch rows for the KV-cache test")
-    p.add_argument("--kv-prefix-step", type=int, default=None,
-                   help="no-cache decoder: prefix length rounded up to a multiple of this (8)")
-    p.add_argument("--shape-batches", type=int, default=None,
-                   help="pipeline batches checked for distinct shapes (200)")
+    p.add_argument(
+        "--kv-prefix-step",
+        type=int,
+        default=None,
+        help="no-cache decoder: prefix length rounded up to a multiple of this (8)",
+    )
+    p.add_argument(
+        "--shape-batches",
+        type=int,
+        default=None,
+        help="pipeline batches checked for distinct shapes (200)",
+    )
     p.add_argument("--attention-lengths", default=None, help="default 1024,2048,4096,8192")
     p.add_argument("--attention-chunk", type=int, default=None, help="query block size (512)")
-    p.add_argument("--peak-size", type=int, default=None,
-                   help="matmul size for the peak (2048 on CPU, 8192 on accelerators)")
+    p.add_argument(
+        "--peak-size",
+        type=int,
+        default=None,
+        help="matmul size for the peak (2048 on CPU, 8192 on accelerators)",
+    )
     p.add_argument("--peak-repeats", type=int, default=None, help="peak matmul samples (10)")
     p.add_argument("--tokenize-repeats", type=int, default=None, help="tokenization repeats (3)")
-    p.add_argument("--memory-decode-sentences", type=int, default=None,
-                   help="test sentences decoded by the memory child (256)")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny shapes, 2 steps, a few sentences: checks that the script runs")
+    p.add_argument(
+        "--memory-decode-sentences",
+        type=int,
+        default=None,
+        help="test sentences decoded by the memory child (256)",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny shapes, 2 steps, a few sentences: checks that the script runs",
+    )
     p.add_argument("--out", default=None, help="write the figures as JSON to this file")
     p.add_argument("--memory-child", choices=("train", "decode"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
 
     accelerator = jax.default_backend() != "cpu"
     smoke = a.smoke
-    defaults = dict(steps=(2 if smoke else 10), warmup=(1 if smoke else 2),
-                    dtype=("bfloat16" if accelerator else "float32"),
-                    decode_limit=(8 if smoke else 0), decode_repeats=(1 if smoke else 10),
-                    kv_prefix_step=(64 if smoke else 8),
-                    kv_sentences=(8 if smoke else 128), shape_batches=(20 if smoke else 200),
-                    attention_lengths=("64,128" if smoke else "1024,2048,4096,8192"),
-                    attention_chunk=(32 if smoke else 512),
-                    peak_size=(256 if smoke else (8192 if accelerator else 2048)),
-                    peak_repeats=(3 if smoke else 10), tokenize_repeats=(1 if smoke else 3),
-                    memory_decode_sentences=(8 if smoke else 256))
+    defaults = dict(
+        steps=(2 if smoke else 10),
+        warmup=(1 if smoke else 2),
+        dtype=("bfloat16" if accelerator else "float32"),
+        decode_limit=(8 if smoke else 0),
+        decode_repeats=(1 if smoke else 10),
+        kv_prefix_step=(64 if smoke else 8),
+        kv_sentences=(8 if smoke else 128),
+        shape_batches=(20 if smoke else 200),
+        attention_lengths=("64,128" if smoke else "1024,2048,4096,8192"),
+        attention_chunk=(32 if smoke else 512),
+        peak_size=(256 if smoke else (8192 if accelerator else 2048)),
+        peak_repeats=(3 if smoke else 10),
+        tokenize_repeats=(1 if smoke else 3),
+        memory_decode_sentences=(8 if smoke else 256),
+    )
     for k, v in defaults.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
@@ -1142,6 +1483,7 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     try:
         import datasets
+
         datasets.disable_progress_bars()
     except Exception:  # noqa: BLE001 - cosmetic only
         pass
@@ -1151,14 +1493,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     start = time.perf_counter()
     bench.result["meta"] = {
-        "argv": sys.argv[1:] if argv is None else argv, "sections": args.sections,
-        "presets": args.presets, "smoke": args.smoke, "steps": args.steps, "warmup": args.warmup,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(args.dtype),
-        "config": args.config, "cache_dir": args.cache_dir,
-        "note": "figures from one run; on a shared machine check load_average_start/_end"}
+        "argv": sys.argv[1:] if argv is None else argv,
+        "sections": args.sections,
+        "presets": args.presets,
+        "smoke": args.smoke,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(args.dtype),
+        "config": args.config,
+        "cache_dir": args.cache_dir,
+        "note": "figures from one run; on a shared machine check load_average_start/_end",
+    }
     m = bench.result["meta"]["machine"]
-    say(f"machine: {m['cpu']}, {m['cpus_usable']} usable cores, jax {m['jax']}, backend "
-        f"{m['backend']} ({m['device_kind']}), dtype {args.dtype}, load {m['load_average_start']}")
+    say(
+        f"machine: {m['cpu']}, {m['cpus_usable']} usable cores, jax {m['jax']}, backend "
+        f"{m['backend']} ({m['device_kind']}), dtype {args.dtype}, load {m['load_average_start']}"
+    )
     try:
         seconds = bench.result["meta"]["section_seconds"] = {}
         for section in SECTIONS:  # a fixed order: data first fills the cache the others use
@@ -1187,8 +1538,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def readme_rows(r: dict[str, Any]) -> str:
     """The figures of ``r`` as rows of the tables in ``docs/benchmarks.md`` (sections that ran)."""
+
     def num(x, digits=3):
-        return "—" if x is None else f"{x:,.{digits}g}" if abs(x) < 10 ** digits else f"{x:,.0f}"
+        return "—" if x is None else f"{x:,.{digits}g}" if abs(x) < 10**digits else f"{x:,.0f}"
 
     def rng(s, scale=1.0):
         return f"{num(s['median'] * scale)} ({num(s['min'] * scale)}–{num(s['max'] * scale)})"
@@ -1196,30 +1548,38 @@ def readme_rows(r: dict[str, Any]) -> str:
     lines = []
     m = r["meta"]["machine"]
     peak = r.get("peak", {}).get("gflops_per_second")
-    lines.append(f"Machine: {m['cpu']}, {m['cpus_usable']} cores; jax {m['jax']}; backend "
-                 f"{m['backend']} ({m['device_kind']}); dtype {m['dtype']}; matmul peak "
-                 f"{rng(peak) if peak else '—'} GFLOP/s; load {m['load_average_start']}")
+    lines.append(
+        f"Machine: {m['cpu']}, {m['cpus_usable']} cores; jax {m['jax']}; backend "
+        f"{m['backend']} ({m['device_kind']}); dtype {m['dtype']}; matmul peak "
+        f"{rng(peak) if peak else '—'} GFLOP/s; load {m['load_average_start']}"
+    )
     for name, t in r.get("train", {}).items():
         b = t["batch_shape"]
         p = t.get("pipeline")
-        shapes = (f"{t['compilations']['jit_cache_entries']} / "
-                  f"{p['distinct_batch_shapes'] if p else '—'}")
+        shapes = (
+            f"{t['compilations']['jit_cache_entries']} / {p['distinct_batch_shapes'] if p else '—'}"
+        )
         real = f"{p['real_token_share']['median']:.1%}" if p else "100%"
         lines.append(
             f"| {name} | {b['rows']}×{b['src_len']} | {rng(t['step_seconds'])} | "
             f"{num(t['tokens_per_second'])} | {num(t['real_target_tokens_per_second'])} | "
             f"{num(t['compile_seconds'])} | {shapes} | {real} | "
             f"{num(t['model_flops_per_step'] / 1e9)} ({num(t['xla_over_model_flops'])}) | "
-            f"{num(t['achieved_gflops_per_second'])} | {t['mfu']:.1%} |")
+            f"{num(t['achieved_gflops_per_second'])} | {t['mfu']:.1%} |"
+        )
     d = r.get("decode", {})
     for name, t in d.get("test_split", {}).items():
-        lines.append(f"| test split, {name} | {num(t['sentences_per_second'])} | "
-                     f"{num(t['output_tokens_per_second'])} | {num(t['compile_seconds'])} | "
-                     f"{num(t['seconds_with_compile'])} |")
+        lines.append(
+            f"| test split, {name} | {num(t['sentences_per_second'])} | "
+            f"{num(t['output_tokens_per_second'])} | {num(t['compile_seconds'])} | "
+            f"{num(t['seconds_with_compile'])} |"
+        )
     for search, key in (("beam 4", "fixed"), ("greedy", "fixed_greedy")):
         for name, t in d.get(key, {}).items():
-            lines.append(f"| {name}, {search} | {rng(t['sentences_per_second'])} | | "
-                         f"{num(t['compile_seconds'])} | |")
+            lines.append(
+                f"| {name}, {search} | {rng(t['sentences_per_second'])} | | "
+                f"{num(t['compile_seconds'])} | |"
+            )
     if "kv_cache" in d:
         lines.append(f"| KV cache speed-up (greedy) | {num(d['kv_cache']['speedup'])}× |")
     if "model" in d:
@@ -1234,15 +1594,23 @@ def readme_rows(r: dict[str, Any]) -> str:
             f"{num(data['time_to_first_batch_cached_seconds']) if data else '—'} | "
             f"{mib(mem['train']['peak_rss_bytes']) if mem else '—'} | "
             f"{mib(mem['decode']['peak_rss_bytes']) if mem else '—'} | "
-            f"{mib(dev.get('peak_bytes_in_use'))} |")
+            f"{mib(dev.get('peak_bytes_in_use'))} |"
+        )
     att = r.get("attention")
     if att:
         for path in ("default", "chunked", "cudnn"):
             cells = [row.get(path, {}) for row in att["lengths"].values()]
             if any(cells):
-                lines.append(f"| {path} | " + " | ".join(
-                    f"{c['temp_bytes'] / 2**20:,.0f} MiB" if c.get("temp_bytes") is not None
-                    else "—" for c in cells) + " |")
+                lines.append(
+                    f"| {path} | "
+                    + " | ".join(
+                        f"{c['temp_bytes'] / 2**20:,.0f} MiB"
+                        if c.get("temp_bytes") is not None
+                        else "—"
+                        for c in cells
+                    )
+                    + " |"
+                )
     return "\n".join(lines)
 
 

@@ -24,8 +24,9 @@ import time
 
 DEVICES = 8
 if "jax" not in sys.modules:  # must be set before jax starts
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={DEVICES}").strip()
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={DEVICES}"
+    ).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
@@ -34,16 +35,33 @@ import numpy as np  # noqa: E402
 from seq2seq.config import Config, MeshConfig, load_config, replace  # noqa: E402
 from seq2seq.data.batching import FIELDS  # noqa: E402
 from seq2seq.sharding import MeshError, Partitioner, check_model, make_mesh  # noqa: E402
-from seq2seq.training.step import make_optimizer, sharded_train_step  # noqa: E402
-from seq2seq.training.step import abstract_train_state  # noqa: E402
+from seq2seq.training.step import (  # noqa: E402
+    abstract_train_state,  # noqa: E402
+    make_optimizer,
+    sharded_train_step,
+)
 
 MESHES = ((8, 1, 1), (1, 8, 1), (2, 4, 1), (2, 2, 2), (2, 1, 4), (1, 1, 8))
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_OP = re.compile(r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>" + "|".join(COLLECTIVES) +
-                 r")(?:-start)?\(")
+_OP = re.compile(
+    r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\("
+)
 _ARRAY = re.compile(r"(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9,]*)\]")
-_BITS = {"pred": 8, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16, "bf16": 16, "s32": 32,
-         "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64}
+_BITS = {
+    "pred": 8,
+    "s8": 8,
+    "u8": 8,
+    "s16": 16,
+    "u16": 16,
+    "f16": 16,
+    "bf16": 16,
+    "s32": 32,
+    "u32": 32,
+    "f32": 32,
+    "s64": 64,
+    "u64": 64,
+    "f64": 64,
+}
 
 
 def preset(name: str) -> Config:
@@ -54,10 +72,19 @@ def preset(name: str) -> Config:
         config = load_config("configs/tatoeba_en_es.yaml")
         return replace(config, **{"model.vocab_size": config.tokenizer.vocab_size})
     if name == "base":
-        return replace(Config(), **{
-            "model.vocab_size": 32000, "model.d_model": 512, "model.num_heads": 8,
-            "model.num_encoder_layers": 6, "model.num_decoder_layers": 6, "model.d_ff": 2048,
-            "data.max_len": 128, "data.max_tokens": 8192})
+        return replace(
+            Config(),
+            **{
+                "model.vocab_size": 32000,
+                "model.d_model": 512,
+                "model.num_heads": 8,
+                "model.num_encoder_layers": 6,
+                "model.num_decoder_layers": 6,
+                "model.d_ff": 2048,
+                "data.max_len": 128,
+                "data.max_tokens": 8192,
+            },
+        )
     raise ValueError(f"unknown preset {name!r}")
 
 
@@ -101,8 +128,11 @@ def collective_bytes(hlo_text: str) -> dict[str, list[float]]:
             size //= n
         elif op == "reduce-scatter":
             size *= n
-        sent = {"all-reduce": 2 * (n - 1) / n * size, "all-gather": (n - 1) * size,
-                "collective-permute": size}.get(op, (n - 1) / n * size)
+        sent = {
+            "all-reduce": 2 * (n - 1) / n * size,
+            "all-gather": (n - 1) * size,
+            "collective-permute": size,
+        }.get(op, (n - 1) / n * size)
         out[op][0] += 1
         out[op][1] += size
         out[op][2] += sent
@@ -115,19 +145,32 @@ def measure(config: Config, shape: tuple[int, int, int]) -> dict:
     p = Partitioner(make_mesh(MeshConfig(*shape)))
     check_model(config.model, p.mesh)
     shardings = p.shardings(abstract)
-    step = sharded_train_step(p, shardings, graphdef, make_optimizer(config.train), bos_id=2,
-                              label_smoothing=config.train.label_smoothing)
+    step = sharded_train_step(
+        p,
+        shardings,
+        graphdef,
+        make_optimizer(config.train),
+        bos_id=2,
+        label_smoothing=config.train.label_smoothing,
+    )
     rows, length = config.data.max_tokens // config.data.max_len, config.data.max_len
-    batch = {k: jax.ShapeDtypeStruct((rows, length), np.int32, sharding=p.batch_sharding)
-             for k in FIELDS}
+    batch = {
+        k: jax.ShapeDtypeStruct((rows, length), np.int32, sharding=p.batch_sharding) for k in FIELDS
+    }
     start = time.perf_counter()
     compiled = step.lower(p.abstract(abstract), batch).compile()
     seconds = time.perf_counter() - start
-    state_bytes = sum(int(np.prod(s.shard_shape(x.shape))) * x.dtype.itemsize
-                      for x, s in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings)))
+    state_bytes = sum(
+        int(np.prod(s.shard_shape(x.shape))) * x.dtype.itemsize
+        for x, s in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings))
+    )
     params = sum(x.size for x in jax.tree.leaves(abstract.params))
-    return {"collectives": collective_bytes(compiled.as_text()), "state_bytes": state_bytes,
-            "params": params, "compile_seconds": seconds}
+    return {
+        "collectives": collective_bytes(compiled.as_text()),
+        "state_bytes": state_bytes,
+        "params": params,
+        "compile_seconds": seconds,
+    }
 
 
 def main(argv=None) -> int:
@@ -138,9 +181,11 @@ def main(argv=None) -> int:
     presets = args.preset or ["tatoeba", "base"]
     meshes = [tuple(int(x) for x in m.split(",")) for m in args.mesh] if args.mesh else MESHES
     assert jax.device_count() == DEVICES, jax.devices()
-    mb = 1 / 2 ** 20
-    print("| model | mesh (data, fsdp, tensor) | all-reduce | all-gather | reduce-scatter | "
-          "all-to-all | collective-permute | operands MiB | sent MiB (ring) | state MiB |")
+    mb = 1 / 2**20
+    print(
+        "| model | mesh (data, fsdp, tensor) | all-reduce | all-gather | reduce-scatter | "
+        "all-to-all | collective-permute | operands MiB | sent MiB (ring) | state MiB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in presets:
         config = preset(name)
@@ -151,16 +196,21 @@ def main(argv=None) -> int:
                 print(f"| {name} | {shape} | {e} | | | | | | | |", flush=True)
                 continue
             c = r["collectives"]
-            cells = [f"{c[op][1] * mb:.1f} ({c[op][0]})" if c[op][0] else "—"
-                     for op in COLLECTIVES]
+            cells = [f"{c[op][1] * mb:.1f} ({c[op][0]})" if c[op][0] else "—" for op in COLLECTIVES]
             total = sum(v[1] for v in c.values()) * mb
             sent = sum(v[2] for v in c.values()) * mb
             label = f"{name} ({r['params'] / 1e6:.1f}M)"
-            print(f"| {label} | {shape} | " + " | ".join(cells) +
-                  f" | {total:.1f} | {sent:.1f} | {r['state_bytes'] * mb:.1f} |", flush=True)
+            print(
+                f"| {label} | {shape} | "
+                + " | ".join(cells)
+                + f" | {total:.1f} | {sent:.1f} | {r['state_bytes'] * mb:.1f} |",
+                flush=True,
+            )
             print(f"  compiled in {r['compile_seconds']:.0f} s", file=sys.stderr, flush=True)
-    print("\nPer device and train step: operand MiB of each kind of collective (number of ops); "
-          "their total; MiB sent with ring algorithms; parameters + Adam moments stored.")
+    print(
+        "\nPer device and train step: operand MiB of each kind of collective (number of ops); "
+        "their total; MiB sent with ring algorithms; parameters + Adam moments stored."
+    )
     return 0
 
 

@@ -10,8 +10,8 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from seq2seq.config import ConfigError, DecodeConfig, load_config, replace, to_dict
 
@@ -21,8 +21,12 @@ def _setup_logging(workdir: Path | None = None) -> None:
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(workdir / "train.log", encoding="utf-8"))
-    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        handlers=handlers,
+        force=True,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     for noisy in ("absl", "jax", "orbax", "datasets", "fsspec", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -33,7 +37,7 @@ def _fail(message: str) -> int:
 
 
 def _config_from_argv(prog: str, description: str, argv: Sequence[str] | None):
-    """Parse ``[--config FILE] [key=value ...]`` into a Config, or return exit code 2 on a bad config."""
+    """Parse ``[--config FILE] [key=value ...]`` into a Config (or exit code 2 on a bad one)."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", help="YAML config (see configs/)")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=100")
@@ -46,13 +50,21 @@ def _config_from_argv(prog: str, description: str, argv: Sequence[str] | None):
 
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``seq2seq-train --config FILE [key=value ...]``: train, resume, then report test BLEU."""
-    config = _config_from_argv("seq2seq-train", "Train (or resume) a Transformer NMT run, then "
-                               "score the test split with sacreBLEU. Rerun the same command to "
-                               "resume.", argv)
+    config = _config_from_argv(
+        "seq2seq-train",
+        "Train (or resume) a Transformer NMT run, then "
+        "score the test split with sacreBLEU. Rerun the same command to "
+        "resume.",
+        argv,
+    )
     if isinstance(config, int):
         return config
-    from seq2seq.run import (Interrupted, check_resume, check_run_config,  # heavy imports
-                             train)
+    from seq2seq.run import (
+        Interrupted,
+        check_resume,
+        check_run_config,  # heavy imports
+        train,
+    )
     from seq2seq.sharding import initialize_distributed, is_main_process
 
     initialize_distributed(config.distributed)  # before any device use; no-op for one process
@@ -72,22 +84,34 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         print(str(e), file=sys.stderr)
         return 128 + e.signum  # 130 for SIGINT (Ctrl-C), 143 for SIGTERM
     except KeyboardInterrupt:  # before the training loop (data, tokenizer): nothing to save
-        print("interrupted before training started; no checkpoint was written by this run",
-              file=sys.stderr)
+        print(
+            "interrupted before training started; no checkpoint was written by this run",
+            file=sys.stderr,
+        )
         return 130
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return _fail(str(e))
     best = summary["best"]
-    status = {"finished": "", "early_stopping": " (stopped early)",
-              "max_seconds": " (train.max_seconds reached)"}.get(summary["status"], "")
+    status = {
+        "finished": "",
+        "early_stopping": " (stopped early)",
+        "max_seconds": " (train.max_seconds reached)",
+    }.get(summary["status"], "")
     value = "–" if best["value"] is None else f"{best['value']:.4g}"
-    print(f"\nstep {summary['step']}{status}: best dev {best['metric']} {value} at step {best['step']}")
-    print(f"test BLEU {summary['test_bleu']:.2f}, chrF {summary['test_chrf']:.2f} on "
-          f"{summary['test_sentences']} sentences (checkpoint of step {summary['test_step']})")
+    print(
+        f"\nstep {summary['step']}{status}: best dev {best['metric']} {value} "
+        f"at step {best['step']}"
+    )
+    print(
+        f"test BLEU {summary['test_bleu']:.2f}, chrF {summary['test_chrf']:.2f} on "
+        f"{summary['test_sentences']} sentences (checkpoint of step {summary['test_step']})"
+    )
     print(f"  {summary['bleu_signature']}\n  {summary['chrf_signature']}")
-    print(f"  train {summary['train_seconds'] / 60:.1f} min, dev evaluation "
-          f"{summary['eval_seconds'] / 60:.1f} min, test decode {summary['decode_seconds']:.0f} s, "
-          f"wall {summary['wall_seconds'] / 60:.1f} min; {summary['tokens_seen']:,} tokens seen")
+    print(
+        f"  train {summary['train_seconds'] / 60:.1f} min, dev evaluation "
+        f"{summary['eval_seconds'] / 60:.1f} min, test decode {summary['decode_seconds']:.0f} s, "
+        f"wall {summary['wall_seconds'] / 60:.1f} min; {summary['tokens_seen']:,} tokens seen"
+    )
     print(f"  outputs in {config.workdir} (see summary.md)")
     print("\nexamples:")
     for ex in summary["examples"]:
@@ -137,41 +161,69 @@ def _probability(text: str) -> float:
 
 
 # command-line option → decode config key (None = keep the run's value)
-_DECODE_OPTIONS = {"beam": "beam_size", "alpha": "alpha", "min_length": "min_length",
-                   "max_tokens": "max_tokens", "sampling": "sampling",
-                   "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
-                   "seed": "seed"}
+_DECODE_OPTIONS = {
+    "beam": "beam_size",
+    "alpha": "alpha",
+    "min_length": "min_length",
+    "max_tokens": "max_tokens",
+    "sampling": "sampling",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "seed": "seed",
+}
 _SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
 
 
 def _decode_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--workdir", required=True, help="run directory written by seq2seq-train")
-    parser.add_argument("--step", type=int, help="checkpoint step (default: the one the run's "
-                        "test score used: the best by train.best_metric, else the latest)")
+    parser.add_argument(
+        "--step",
+        type=int,
+        help="checkpoint step (default: the one the run's "
+        "test score used: the best by train.best_metric, else the latest)",
+    )
     search = parser.add_argument_group("search (defaults: the run's decode config)")
     search.add_argument("--beam", type=_positive_int, help="beam size (1 = greedy search)")
     search.add_argument("--alpha", type=_nonnegative_float, help="length-penalty exponent")
-    search.add_argument("--min-length", type=_nonnegative_int,
-                        help="at least this many tokens before EOS")
+    search.add_argument(
+        "--min-length", type=_nonnegative_int, help="at least this many tokens before EOS"
+    )
     search.add_argument("--max-tokens", type=_positive_int, help="source tokens per batch")
     sampling = parser.add_argument_group("sampling (instead of beam search)")
-    sampling.add_argument("--sampling", action="store_true", default=None,
-                          help="sample; --nbest N then gives N independent samples per line")
+    sampling.add_argument(
+        "--sampling",
+        action="store_true",
+        default=None,
+        help="sample; --nbest N then gives N independent samples per line",
+    )
     sampling.add_argument("--temperature", type=_positive_float, help="default 1")
-    sampling.add_argument("--top-k", type=_nonnegative_int,
-                          help="sample among the K most probable tokens (0 = all)")
-    sampling.add_argument("--top-p", type=_probability,
-                          help="nucleus sampling: smallest set with this probability mass")
-    sampling.add_argument("--seed", type=int, help="a line's samples depend on the seed and "
-                          "its line number only")
+    sampling.add_argument(
+        "--top-k", type=_nonnegative_int, help="sample among the K most probable tokens (0 = all)"
+    )
+    sampling.add_argument(
+        "--top-p",
+        type=_probability,
+        help="nucleus sampling: smallest set with this probability mass",
+    )
+    sampling.add_argument(
+        "--seed", type=int, help="a line's samples depend on the seed and its line number only"
+    )
     long = parser.add_argument_group("long inputs")
-    long.add_argument("--max-src-tokens", type=_positive_int,
-                      help="source limit in tokens, EOS included (default: max(data.max_len, "
-                      "256), at most model.max_len with learned positions)")
-    long.add_argument("--on-long", choices=("truncate", "reject"), default="truncate",
-                      help="truncate a longer line (warning with its line number) or reject the "
-                      "input (default: truncate)")
+    long.add_argument(
+        "--max-src-tokens",
+        type=_positive_int,
+        help="source limit in tokens, EOS included (default: max(data.max_len, "
+        "256), at most model.max_len with learned positions)",
+    )
+    long.add_argument(
+        "--on-long",
+        choices=("truncate", "reject"),
+        default="truncate",
+        help="truncate a longer line (warning with its line number) or reject the "
+        "input (default: truncate)",
+    )
     return parser
 
 
@@ -179,8 +231,11 @@ def _load(args) -> tuple:
     from seq2seq.trained import load_trained
 
     config, tokenizer, graphdef, params = load_trained(args.workdir, args.step)
-    changes = {key: getattr(args, opt) for opt, key in _DECODE_OPTIONS.items()
-               if getattr(args, opt) is not None}
+    changes = {
+        key: getattr(args, opt)
+        for opt, key in _DECODE_OPTIONS.items()
+        if getattr(args, opt) is not None
+    }
     decode: DecodeConfig = replace(config.decode, **changes)
     if not decode.sampling:
         given = [f"--{o.replace('_', '-')}" for o in _SAMPLING_ONLY if getattr(args, o) is not None]
@@ -204,22 +259,32 @@ def _partitioner(config):
 
 
 def _translator(args, config, tokenizer, graphdef, params, decode):
-    from seq2seq.translation import Translator
-
     from seq2seq.config import check_position_limits
     from seq2seq.data.pipeline import MIN_DECODE_SOURCE_LEN, decode_source_limit
+    from seq2seq.translation import Translator
 
     if args.max_src_tokens:  # a learned position table must hold the lengths decoded
-        check_position_limits(replace(config, decode=decode), args.max_src_tokens,
-                              "--max-src-tokens")
+        check_position_limits(
+            replace(config, decode=decode), args.max_src_tokens, "--max-src-tokens"
+        )
     else:
-        check_position_limits(replace(config, decode=decode),
-                              max(config.data.max_len, MIN_DECODE_SOURCE_LEN),
-                              f"the default --max-src-tokens max(data.max_len, "
-                              f"{MIN_DECODE_SOURCE_LEN}) up to model.max_len", capped=True)
+        check_position_limits(
+            replace(config, decode=decode),
+            max(config.data.max_len, MIN_DECODE_SOURCE_LEN),
+            f"the default --max-src-tokens max(data.max_len, "
+            f"{MIN_DECODE_SOURCE_LEN}) up to model.max_len",
+            capped=True,
+        )
     max_src = args.max_src_tokens or decode_source_limit(config)
-    return Translator(graphdef, params, tokenizer, decode, max_src_len=max_src,
-                      on_long=args.on_long, partitioner=_partitioner(config))
+    return Translator(
+        graphdef,
+        params,
+        tokenizer,
+        decode,
+        max_src_len=max_src,
+        on_long=args.on_long,
+        partitioner=_partitioner(config),
+    )
 
 
 def _read_lines(path: str | None) -> list[str]:
@@ -236,13 +301,20 @@ def _read_lines(path: str | None) -> list[str]:
 
 def translate_main(argv: Sequence[str] | None = None) -> int:
     """``seq2seq-translate --workdir DIR [--input FILE] [--output FILE]``: one sentence per line."""
-    parser = _decode_parser("seq2seq-translate", "Translate sentences (one per line) from a file "
-                            "or standard input with a trained run; output keeps the input order.")
+    parser = _decode_parser(
+        "seq2seq-translate",
+        "Translate sentences (one per line) from a file "
+        "or standard input with a trained run; output keeps the input order.",
+    )
     parser.add_argument("--input", help="input file (default or '-': standard input)")
     parser.add_argument("--output", help="output file (default: standard output)")
-    parser.add_argument("--nbest", type=_positive_int, default=1,
-                        help="print the N best hypotheses (samples with --sampling) of each line "
-                        "as 'line ||| text ||| logprob ||| score', line numbers from 0")
+    parser.add_argument(
+        "--nbest",
+        type=_positive_int,
+        default=1,
+        help="print the N best hypotheses (samples with --sampling) of each line "
+        "as 'line ||| text ||| logprob ||| score', line numbers from 0",
+    )
     args = parser.parse_args(argv)
     _setup_logging()
     stdin = args.input in (None, "-")
@@ -253,17 +325,22 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
         if stdin:
             lines = _read_lines(args.input)
         translator = _translator(args, config, tokenizer, graphdef, params, decode)
-        results = translator.translate(lines, nbest=args.nbest,
-                                       progress=args.input not in (None, "-"),
-                                       source=args.input if args.input not in (None, "-")
-                                       else "<stdin>")
+        results = translator.translate(
+            lines,
+            nbest=args.nbest,
+            progress=args.input not in (None, "-"),
+            source=args.input if args.input not in (None, "-") else "<stdin>",
+        )
     except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
     if args.nbest == 1:
         text = "".join(hyps[0].text + "\n" for hyps in results)
     else:
-        text = "".join(f"{i} ||| {h.text} ||| {h.logprob:.4f} ||| {h.score:.4f}\n"
-                       for i, hyps in enumerate(results) for h in hyps)
+        text = "".join(
+            f"{i} ||| {h.text} ||| {h.logprob:.4f} ||| {h.score:.4f}\n"
+            for i, hyps in enumerate(results)
+            for h in hyps
+        )
     if args.output:
         try:
             Path(args.output).write_text(text, encoding="utf-8")
@@ -276,15 +353,21 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
 
 
 def evaluate_main(argv: Sequence[str] | None = None) -> int:
-    """``seq2seq-evaluate --workdir DIR [--src FILE --ref FILE]``: decode and score with sacreBLEU."""
-    parser = _decode_parser("seq2seq-evaluate", "Decode a source file with a trained run and score "
-                            "it against a reference file (BLEU, chrF). Default: the run's test split.")
+    """``seq2seq-evaluate --workdir DIR [--src FILE --ref FILE]``: decode, score (sacreBLEU)."""
+    parser = _decode_parser(
+        "seq2seq-evaluate",
+        "Decode a source file with a trained run and score "
+        "it against a reference file (BLEU, chrF). Default: the run's test split.",
+    )
     parser.add_argument("--src", help="source file, one sentence per line")
     parser.add_argument("--ref", help="reference file, aligned with --src")
     parser.add_argument("--output", help="write hypotheses here")
-    parser.add_argument("--allow-pieces", action="store_true",
-                        help="score a --ref file whose lines contain SentencePiece pieces ('▁') "
-                        "as it is, with a warning (default: refuse it)")
+    parser.add_argument(
+        "--allow-pieces",
+        action="store_true",
+        help="score a --ref file whose lines contain SentencePiece pieces ('▁') "
+        "as it is, with a warning (default: refuse it)",
+    )
     args = parser.parse_args(argv)
     if (args.src is None) != (args.ref is None):
         return _fail("give both --src and --ref, or neither (to use the run's test split)")
@@ -302,13 +385,17 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
                 return _fail(f"{pieces}; or pass --allow-pieces to score them as they are")
         config, tokenizer, graphdef, params, decode = _load(args)
         if not args.src:
-            ds = load_parallel(config.data.test, config.data.src_lang, config.data.tgt_lang,
-                               skip_empty=config.data.skip_empty, split_name="test")
+            ds = load_parallel(
+                config.data.test,
+                config.data.src_lang,
+                config.data.tgt_lang,
+                skip_empty=config.data.skip_empty,
+                split_name="test",
+            )
             sources, refs = list(ds["source"]), list(ds["target"])
         translator = _translator(args, config, tokenizer, graphdef, params, decode)
         start = time.perf_counter()
-        hyps = [h[0].text for h in translator.translate(sources, progress=True,
-                                                        source=args.src)]
+        hyps = [h[0].text for h in translator.translate(sources, progress=True, source=args.src)]
         seconds = max(time.perf_counter() - start, 1e-9)
         scores = evaluation.score(hyps, refs, names=("hypotheses", args.ref or "test references"))
         if args.output:
@@ -316,11 +403,16 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
     print(scores)
-    search = (f"sampling (temperature {decode.temperature}, top-k {decode.top_k}, top-p "
-              f"{decode.top_p}, seed {decode.seed})" if decode.sampling else
-              f"beam {decode.beam_size}, alpha {decode.alpha}")
-    print(f"{len(hyps)} sentences in {seconds:.1f} s ({len(hyps) / seconds:.1f} sentences/s), "
-          f"{search}")
+    search = (
+        f"sampling (temperature {decode.temperature}, top-k {decode.top_k}, top-p "
+        f"{decode.top_p}, seed {decode.seed})"
+        if decode.sampling
+        else f"beam {decode.beam_size}, alpha {decode.alpha}"
+    )
+    print(
+        f"{len(hyps)} sentences in {seconds:.1f} s ({len(hyps) / seconds:.1f} sentences/s), "
+        f"{search}"
+    )
     return 0
 
 
@@ -330,9 +422,13 @@ def params_main(argv: Sequence[str] | None = None) -> int:
     Builds the model abstractly (``nnx.eval_shape``: nothing allocated, so the big presets are
     instant). ``model.vocab_size`` 0 (fill from the tokenizer) is read as ``tokenizer.vocab_size``.
     """
-    config = _config_from_argv("seq2seq-params", "Print the model's parameter counts per "
-                               "component (embeddings, attention, FFN, norms, positions) without "
-                               "allocating it.", argv)
+    config = _config_from_argv(
+        "seq2seq-params",
+        "Print the model's parameter counts per "
+        "component (embeddings, attention, FFN, norms, positions) without "
+        "allocating it.",
+        argv,
+    )
     if isinstance(config, int):
         return config
     from seq2seq.model.report import abstract_model, format_report, parameter_counts
@@ -354,8 +450,10 @@ def average_main(argv: Sequence[str] | None = None) -> int:
     Averages checkpoint parameters into a new run directory usable by translate/evaluate.
     """
     parser = argparse.ArgumentParser(
-        prog="seq2seq-average", description="Average the parameters of several checkpoints of a "
-        "run into a new run directory (use it with seq2seq-translate/evaluate --workdir OUT).")
+        prog="seq2seq-average",
+        description="Average the parameters of several checkpoints of a "
+        "run into a new run directory (use it with seq2seq-translate/evaluate --workdir OUT).",
+    )
     parser.add_argument("--workdir", required=True, help="run directory written by seq2seq-train")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--last", type=int, help="average the newest N checkpoints")
@@ -372,8 +470,9 @@ def average_main(argv: Sequence[str] | None = None) -> int:
 
     output = args.output or str(Path(args.workdir) / "average")
     try:
-        out, used = average_checkpoints(args.workdir, output, steps=steps, last=args.last,
-                                        overwrite=args.overwrite)
+        out, used = average_checkpoints(
+            args.workdir, output, steps=steps, last=args.last, overwrite=args.overwrite
+        )
     except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
         return _fail(str(e))
     print(f"averaged checkpoints {used} of {args.workdir} into {out}")
@@ -384,8 +483,10 @@ def average_main(argv: Sequence[str] | None = None) -> int:
 def plot_main(argv: Sequence[str] | None = None) -> int:
     """``seq2seq-plot --workdir DIR [--output FILE]``: draw the run's curves to a PNG."""
     parser = argparse.ArgumentParser(
-        prog="seq2seq-plot", description="Plot a run's train/dev loss, dev BLEU, learning rate "
-        "and gradient norm from metrics.jsonl to a PNG.")
+        prog="seq2seq-plot",
+        description="Plot a run's train/dev loss, dev BLEU, learning rate "
+        "and gradient norm from metrics.jsonl to a PNG.",
+    )
     parser.add_argument("--workdir", required=True, help="run directory written by seq2seq-train")
     parser.add_argument("--output", help="PNG file (default: WORKDIR/curves.png)")
     args = parser.parse_args(argv)

@@ -10,9 +10,10 @@ rest of the code reads ordinary attributes and never sees OmegaConf.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, cast
+from typing import Any, cast
 
 import yaml
 from omegaconf import OmegaConf
@@ -64,11 +65,14 @@ class DataConfig:
     src_lang: str = "en"
     tgt_lang: str = "es"
     train: SourceConfig = field(
-        default_factory=lambda: SourceConfig(format="text", path="data/tatoeba-en-es/train"))
+        default_factory=lambda: SourceConfig(format="text", path="data/tatoeba-en-es/train")
+    )
     dev: SourceConfig = field(
-        default_factory=lambda: SourceConfig(format="text", path="data/tatoeba-en-es/dev"))
+        default_factory=lambda: SourceConfig(format="text", path="data/tatoeba-en-es/dev")
+    )
     test: SourceConfig = field(
-        default_factory=lambda: SourceConfig(format="text", path="data/tatoeba-en-es/test"))
+        default_factory=lambda: SourceConfig(format="text", path="data/tatoeba-en-es/test")
+    )
     max_len: int = 64
     max_tokens: int = 4096
     packing: bool = True
@@ -193,8 +197,9 @@ class ModelConfig:
         object.__setattr__(self, "share_embeddings", legacy.get(sharing.lower(), sharing))
         for key, choices in MODEL_CHOICES.items():
             if getattr(self, key) not in choices:
-                raise ConfigError(f"model.{key} must be one of {', '.join(choices)}; "
-                                  f"got {getattr(self, key)!r}")
+                raise ConfigError(
+                    f"model.{key} must be one of {', '.join(choices)}; got {getattr(self, key)!r}"
+                )
 
 
 @dataclass(frozen=True)
@@ -409,8 +414,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"{path or 'overrides'}: {message}") from e
 
 
-def check_position_limits(config: Config, source_limit: int, source_key: str, *,
-                          capped: bool = False) -> None:
+def check_position_limits(
+    config: Config, source_limit: int, source_key: str, *, capped: bool = False
+) -> None:
     """Decoding lengths must fit a ``learned`` position table (``model.max_len`` rows; the
     other schemes have no limit): sources of up to S tokens and outputs of up to
     ``int(decode.max_len_a · S + decode.max_len_b)`` tokens, where S is ``source_limit``
@@ -425,24 +431,29 @@ def check_position_limits(config: Config, source_limit: int, source_key: str, *,
         return
     table = f"model.positions=learned has a table of model.max_len={m.max_len} positions"
     if source_limit > m.max_len and not capped:
-        raise ConfigError(f"{table}, fewer than the {source_limit} source tokens of "
-                          f"{source_key}; lower {source_key} or raise model.max_len")
+        raise ConfigError(
+            f"{table}, fewer than the {source_limit} source tokens of "
+            f"{source_key}; lower {source_key} or raise model.max_len"
+        )
 
     def longest(rows: int) -> int:
-        return int(d.max_len_a * (min(source_limit, rows) if capped else source_limit)
-                   + d.max_len_b)
+        return int(
+            d.max_len_a * (min(source_limit, rows) if capped else source_limit) + d.max_len_b
+        )
 
     if longest(m.max_len) > m.max_len:
         fits = next(n for n in range(m.max_len, longest(source_limit) + 2) if longest(n) <= n)
         source = min(source_limit, m.max_len) if capped else source_limit
-        raise ConfigError(f"{table}, but outputs may reach decode.max_len_a={d.max_len_a} × "
-                          f"{source} source tokens ({source_key}) + decode.max_len_b="
-                          f"{d.max_len_b} = {longest(m.max_len)} tokens; set model.max_len="
-                          f"{fits} or more, or lower decode.max_len_a / decode.max_len_b")
+        raise ConfigError(
+            f"{table}, but outputs may reach decode.max_len_a={d.max_len_a} × "
+            f"{source} source tokens ({source_key}) + decode.max_len_b="
+            f"{d.max_len_b} = {longest(m.max_len)} tokens; set model.max_len="
+            f"{fits} or more, or lower decode.max_len_a / decode.max_len_b"
+        )
 
 
 def replace(config: Any, **changes: Any) -> Any:
-    """``dataclasses.replace`` that accepts dotted keys, e.g. ``replace(c, **{"model.d_model": 8})``."""
+    """``dataclasses.replace`` with dotted keys: ``replace(c, **{"model.d_model": 8})``."""
     nested: dict[str, dict[str, Any]] = {}
     flat: dict[str, Any] = {}
     for key, value in changes.items():

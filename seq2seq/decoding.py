@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -86,14 +87,23 @@ class SearchModel(Protocol):
     attend to the slots ``mask`` (bool ``[rows, q, slots]``) allows.
     """
 
-    def encode(self, src: jax.Array, src_segments: jax.Array,
-               src_positions: jax.Array) -> jax.Array: ...
+    def encode(
+        self, src: jax.Array, src_segments: jax.Array, src_positions: jax.Array
+    ) -> jax.Array: ...
 
-    def init_cache(self, encoded: jax.Array, src_segments: jax.Array, *, max_len: int,
-                   slots: int) -> Any: ...
+    def init_cache(
+        self, encoded: jax.Array, src_segments: jax.Array, *, max_len: int, slots: int
+    ) -> Any: ...
 
-    def decode_step(self, tokens: jax.Array, position: jax.Array, cache: Any, *,
-                    write: jax.Array, mask: jax.Array) -> tuple[jax.Array, Any]: ...
+    def decode_step(
+        self,
+        tokens: jax.Array,
+        position: jax.Array,
+        cache: Any,
+        *,
+        write: jax.Array,
+        mask: jax.Array,
+    ) -> tuple[jax.Array, Any]: ...
 
 
 @struct.dataclass
@@ -117,8 +127,9 @@ class BeamCache:
     ancestors: jax.Array
 
 
-def init_beams(model: SearchModel, encoded: jax.Array, src_segments: jax.Array, k: int,
-               max_len: int) -> BeamCache:
+def init_beams(
+    model: SearchModel, encoded: jax.Array, src_segments: jax.Array, k: int, max_len: int
+) -> BeamCache:
     """An empty ``BeamCache`` for ``k`` hypotheses of ``max_len`` positions per sentence.
 
     Args:
@@ -132,8 +143,9 @@ def init_beams(model: SearchModel, encoded: jax.Array, src_segments: jax.Array, 
     return BeamCache(model=cache, ancestors=jnp.zeros((encoded.shape[0], k, max_len), jnp.int32))
 
 
-def decode_beams(model: SearchModel, tokens: jax.Array, index: jax.Array, cache: BeamCache
-                 ) -> tuple[jax.Array, BeamCache]:
+def decode_beams(
+    model: SearchModel, tokens: jax.Array, index: jax.Array, cache: BeamCache
+) -> tuple[jax.Array, BeamCache]:
     """One decoding step of the first ``q ≤ k`` hypotheses of every sentence.
 
     Args:
@@ -154,8 +166,9 @@ def decode_beams(model: SearchModel, tokens: jax.Array, index: jax.Array, cache:
     ancestors = jnp.where(own, hyp[None, :, None], cache.ancestors)  # [batch, k, max_len]
     # query j reads slot t·k + ancestors[j, t] for t ≤ index
     mask = (ancestors[:, :q, :, None] == hyp) & (positions <= index)[:, None]  # [b, q, L, k]
-    logits, model_cache = model.decode_step(tokens, index, cache.model, write=index * k,
-                                            mask=mask.reshape(batch, q, max_len * k))
+    logits, model_cache = model.decode_step(
+        tokens, index, cache.model, write=index * k, mask=mask.reshape(batch, q, max_len * k)
+    )
     return logits, BeamCache(model=model_cache, ancestors=ancestors)
 
 
@@ -191,7 +204,7 @@ def length_penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.A
     if kind == "gnmt":
         return ((5.0 + length) / 6.0) ** alpha
     if kind == "plain":
-        return length ** alpha
+        return length**alpha
     if kind == "none":
         return jnp.ones_like(length)
     raise ValueError(f"unknown length penalty {kind!r}; choose gnmt, plain or none")
@@ -223,8 +236,9 @@ def _check_search(max_len: int, min_length: int, alpha: float, kind: str) -> Non
         raise ValueError(f"unknown length penalty {kind!r}; choose gnmt, plain or none")
 
 
-def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0) -> jax.Array:
+def filter_logits(
+    logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> jax.Array:
     """The sampling distribution: temperature, then top-k, then top-p (nucleus) filtering.
 
     Temperature divides the logits (Ackley et al. 1985). Top-k keeps the ``top_k`` most probable
@@ -281,8 +295,17 @@ def _positions(segments: jax.Array) -> jax.Array:
     return jnp.where(segments > 0, jnp.arange(segments.shape[1])[None, :], 0).astype(jnp.int32)
 
 
-def _banned(vocab: int, i: jax.Array, max_lengths: jax.Array, min_length: int, *, bos_id: int,
-            eos_id: int, pad_id: int, unk_id: int = -1) -> jax.Array:
+def _banned(
+    vocab: int,
+    i: jax.Array,
+    max_lengths: jax.Array,
+    min_length: int,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    unk_id: int = -1,
+) -> jax.Array:
     """bool ``[batch, vocab]``: tokens not allowed at position ``i`` (0-based) of each row.
 
     Only EOS is allowed at the last position a row's ``max_lengths`` permits; EOS is forbidden
@@ -292,9 +315,11 @@ def _banned(vocab: int, i: jax.Array, max_lengths: jax.Array, min_length: int, *
     token = jnp.arange(vocab)
     is_eos = token == eos_id
     last = (i + 1 >= max_lengths)[:, None]
-    return (((token == pad_id) | (token == bos_id) | (token == unk_id))[None, :]
-            | (last & ~is_eos[None, :])
-            | (~last & (i < min_length) & is_eos[None, :]))
+    return (
+        ((token == pad_id) | (token == bos_id) | (token == unk_id))[None, :]
+        | (last & ~is_eos[None, :])
+        | (~last & (i < min_length) & is_eos[None, :])
+    )
 
 
 def _gather_beams(x: jax.Array, beam_index: jax.Array) -> jax.Array:
@@ -336,8 +361,9 @@ def top_k_by_chunks(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     return values, index.astype(jnp.int32)
 
 
-def _top_continuations(logits: jax.Array, banned: jax.Array, alive_logp: jax.Array,
-                       n: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _top_continuations(
+    logits: jax.Array, banned: jax.Array, alive_logp: jax.Array, n: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The ``n`` best continuations ``alive_logp + log p(token)`` of every sentence.
 
     Equal to ``top_k`` over all ``beam·vocab`` candidates, done in two stages: each beam's
@@ -403,10 +429,22 @@ class BeamState:
     cache: BeamCache
 
 
-def beam_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
-                max_lengths: jax.Array, *, beam_size: int, max_len: int, alpha: float,
-                bos_id: int, eos_id: int, pad_id: int, length_penalty_kind: str = "gnmt",
-                min_length: int = 0, unk_id: int = -1) -> BeamResult:
+def beam_search(
+    model: SearchModel,
+    src: jax.Array,
+    src_segments: jax.Array,
+    max_lengths: jax.Array,
+    *,
+    beam_size: int,
+    max_len: int,
+    alpha: float,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    length_penalty_kind: str = "gnmt",
+    min_length: int = 0,
+    unk_id: int = -1,
+) -> BeamResult:
     """Beam search (rules in the module docstring); call it inside ``jax.jit``.
 
     Args:
@@ -440,9 +478,12 @@ def beam_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
 
     # Step 0 runs once per sentence: every beam starts from the same BOS, so the decoder's
     # work is not repeated k times; the k beams then all read hypothesis 0's first slot.
-    first_logits, cache = decode_beams(model, jnp.full((batch, 1), bos_id, jnp.int32),
-                                       jnp.zeros((), jnp.int32),
-                                       init_beams(model, encoded, src_segments, k, max_len))
+    first_logits, cache = decode_beams(
+        model,
+        jnp.full((batch, 1), bos_id, jnp.int32),
+        jnp.zeros((), jnp.int32),
+        init_beams(model, encoded, src_segments, k, max_len),
+    )
     init = BeamState(  # before the search at position 0; ``last`` is not read
         i=jnp.zeros((), jnp.int32),
         last=jnp.zeros((batch, k), jnp.int32),
@@ -452,7 +493,8 @@ def beam_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
         fin_logp=jnp.full((batch, k), NEG_INF, jnp.float32),
         fin_score=jnp.full((batch, k), NEG_INF, jnp.float32),
         fin_len=jnp.zeros((batch, k), jnp.int32),
-        cache=cache)
+        cache=cache,
+    )
 
     def done(s: BeamState) -> jax.Array:  # bool [batch]
         bound = s.alive_logp[:, 0] / lp_max
@@ -466,8 +508,16 @@ def beam_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
         """One step of the search given the logits ``[batch, k, vocab]`` at position ``i``."""
         i = s.i
         logits = logits.astype(jnp.float32)  # [batch, k, vocab]
-        banned = _banned(logits.shape[-1], i, max_lengths, min_length, bos_id=bos_id,
-                         eos_id=eos_id, pad_id=pad_id, unk_id=unk_id)  # [batch, vocab]
+        banned = _banned(
+            logits.shape[-1],
+            i,
+            max_lengths,
+            min_length,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            pad_id=pad_id,
+            unk_id=unk_id,
+        )  # [batch, vocab]
         # [batch, 2k] each: total log-probability, source beam and token of every candidate
         top_logp, src_beam, tok = _top_continuations(logits, banned, s.alive_logp, 2 * k)
         seqs = _gather_beams(s.alive_seq, src_beam)  # [batch, 2k, max_len]
@@ -477,8 +527,9 @@ def beam_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
 
         # finished: merge the kept ones with the new EOS continuations, keep the best k
         length = (i + 1).astype(jnp.float32)
-        new_score = jnp.where(ends, top_logp / length_penalty(length, alpha, length_penalty_kind),
-                              NEG_INF)  # [batch, 2k]
+        new_score = jnp.where(
+            ends, top_logp / length_penalty(length, alpha, length_penalty_kind), NEG_INF
+        )  # [batch, 2k]
         all_score = jnp.concatenate([s.fin_score, new_score], axis=1)  # [batch, 3k]
         fin_score, pick = jax.lax.top_k(all_score, k)  # [batch, k]
         cat = lambda a, b: _gather_beams(jnp.concatenate([a, b], axis=1), pick)
@@ -489,11 +540,17 @@ def beam_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
         # live: the best k continuations that do not end in EOS
         alive_cand = jnp.where(tok == eos_id, NEG_INF, top_logp)  # [batch, 2k]
         alive_logp, keep = jax.lax.top_k(alive_cand, k)  # [batch, k]
-        return BeamState(i=i + 1, last=_gather_beams(tok, keep),  # [batch, k]
-                         alive_seq=_gather_beams(seqs, keep),  # [batch, k, max_len]
-                         alive_logp=alive_logp, fin_seq=fin_seq, fin_logp=fin_logp,
-                         fin_score=fin_score, fin_len=fin_len,
-                         cache=reorder_beams(s.cache, _gather_beams(src_beam, keep)))
+        return BeamState(
+            i=i + 1,
+            last=_gather_beams(tok, keep),  # [batch, k]
+            alive_seq=_gather_beams(seqs, keep),  # [batch, k, max_len]
+            alive_logp=alive_logp,
+            fin_seq=fin_seq,
+            fin_logp=fin_logp,
+            fin_score=fin_score,
+            fin_len=fin_len,
+            cache=reorder_beams(s.cache, _gather_beams(src_beam, keep)),
+        )
 
     def body(s: BeamState) -> BeamState:
         logits, cache = decode_beams(model, s.last, s.i, s.cache)  # [batch, k, vocab]
@@ -528,10 +585,21 @@ class SampleState:
     cache: BeamCache
 
 
-def _ancestral(model: SearchModel, src: jax.Array, src_segments: jax.Array,
-               max_lengths: jax.Array, choose: Callable[[jax.Array, jax.Array], jax.Array], *,
-               num: int, max_len: int, bos_id: int, eos_id: int, pad_id: int, min_length: int,
-               unk_id: int = -1):
+def _ancestral(
+    model: SearchModel,
+    src: jax.Array,
+    src_segments: jax.Array,
+    max_lengths: jax.Array,
+    choose: Callable[[jax.Array, jax.Array], jax.Array],
+    *,
+    num: int,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    min_length: int,
+    unk_id: int = -1,
+):
     """Left-to-right decoding of ``num`` hypotheses per sentence, one token per step.
 
     ``choose(logits, i)`` maps float32 ``[batch·num, vocab]`` logits (banned tokens at
@@ -545,12 +613,15 @@ def _ancestral(model: SearchModel, src: jax.Array, src_segments: jax.Array,
     batch, rows = src.shape[0], src.shape[0] * num
     encoded = model.encode(src, src_segments, _positions(src_segments))
     row_max = jnp.repeat(jnp.clip(max_lengths, 1, max_len).astype(jnp.int32), num)  # [rows]
-    init = SampleState(i=jnp.zeros((), jnp.int32), last=jnp.full((rows,), bos_id, jnp.int32),
-                       seq=jnp.full((rows, max_len), pad_id, jnp.int32),
-                       logp=jnp.zeros((rows,), jnp.float32),
-                       length=jnp.zeros((rows,), jnp.int32),
-                       finished=jnp.zeros((rows,), bool),
-                       cache=init_beams(model, encoded, src_segments, num, max_len))
+    init = SampleState(
+        i=jnp.zeros((), jnp.int32),
+        last=jnp.full((rows,), bos_id, jnp.int32),
+        seq=jnp.full((rows, max_len), pad_id, jnp.int32),
+        logp=jnp.zeros((rows,), jnp.float32),
+        length=jnp.zeros((rows,), jnp.int32),
+        finished=jnp.zeros((rows,), bool),
+        cache=init_beams(model, encoded, src_segments, num, max_len),
+    )
 
     def cond(s: SampleState) -> jax.Array:
         return (s.i < max_len) & ~jnp.all(s.finished)
@@ -559,27 +630,53 @@ def _ancestral(model: SearchModel, src: jax.Array, src_segments: jax.Array,
         i = s.i
         logits, cache = decode_beams(model, s.last.reshape(batch, num), i, s.cache)
         logits = logits.reshape(rows, -1).astype(jnp.float32)  # [rows, vocab]
-        banned = _banned(logits.shape[-1], i, row_max, min_length, bos_id=bos_id, eos_id=eos_id,
-                         pad_id=pad_id, unk_id=unk_id)  # [rows, vocab]
+        banned = _banned(
+            logits.shape[-1],
+            i,
+            row_max,
+            min_length,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            pad_id=pad_id,
+            unk_id=unk_id,
+        )  # [rows, vocab]
         tok = choose(jnp.where(banned, NEG_INF, logits), i).astype(jnp.int32)  # [rows]
-        step_logp = jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None],
-                                        axis=-1)[:, 0]  # [rows]
+        step_logp = jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None], axis=-1)[
+            :, 0
+        ]  # [rows]
         live = ~s.finished  # [rows]
         seq = jnp.where((jnp.arange(max_len) == i) & live[:, None], tok[:, None], s.seq)
-        return SampleState(i=i + 1, last=tok, seq=seq,  # [rows], [rows, max_len]
-                           logp=s.logp + jnp.where(live, step_logp, 0.0),
-                           length=jnp.where(live, i + 1, s.length),
-                           finished=s.finished | (tok == eos_id), cache=cache)
+        return SampleState(
+            i=i + 1,
+            last=tok,
+            seq=seq,  # [rows], [rows, max_len]
+            logp=s.logp + jnp.where(live, step_logp, 0.0),
+            length=jnp.where(live, i + 1, s.length),
+            finished=s.finished | (tok == eos_id),
+            cache=cache,
+        )
 
     s = jax.lax.while_loop(cond, body, init)
-    return (s.seq.reshape(batch, num, max_len), s.length.reshape(batch, num),
-            s.logp.reshape(batch, num))
+    return (
+        s.seq.reshape(batch, num, max_len),
+        s.length.reshape(batch, num),
+        s.logp.reshape(batch, num),
+    )
 
 
-def greedy_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
-                  max_lengths: jax.Array, *, max_len: int, bos_id: int, eos_id: int,
-                  pad_id: int, min_length: int = 0, unk_id: int = -1
-                  ) -> tuple[jax.Array, jax.Array]:
+def greedy_search(
+    model: SearchModel,
+    src: jax.Array,
+    src_segments: jax.Array,
+    max_lengths: jax.Array,
+    *,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    min_length: int = 0,
+    unk_id: int = -1,
+) -> tuple[jax.Array, jax.Array]:
     """Greedy decoding: the most probable allowed token at each step until EOS.
 
     Args: as ``beam_search``.
@@ -592,17 +689,42 @@ def greedy_search(model: SearchModel, src: jax.Array, src_segments: jax.Array,
       ValueError: ``max_len`` < 1 or ``min_length`` < 0.
     """
     tokens, _, logp = _ancestral(
-        model, src, src_segments, max_lengths, lambda x, i: jnp.argmax(x, axis=-1), num=1,
-        max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, min_length=min_length,
-        unk_id=unk_id)
+        model,
+        src,
+        src_segments,
+        max_lengths,
+        lambda x, i: jnp.argmax(x, axis=-1),
+        num=1,
+        max_len=max_len,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        min_length=min_length,
+        unk_id=unk_id,
+    )
     return tokens[:, 0], logp[:, 0]
 
 
-def sample(model: SearchModel, src: jax.Array, src_segments: jax.Array, max_lengths: jax.Array,
-           keys: jax.Array, *, num_samples: int, max_len: int, bos_id: int, eos_id: int,
-           pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-           min_length: int = 0, alpha: float = 0.0, length_penalty_kind: str = "gnmt",
-           unk_id: int = -1) -> BeamResult:
+def sample(
+    model: SearchModel,
+    src: jax.Array,
+    src_segments: jax.Array,
+    max_lengths: jax.Array,
+    keys: jax.Array,
+    *,
+    num_samples: int,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_length: int = 0,
+    alpha: float = 0.0,
+    length_penalty_kind: str = "gnmt",
+    unk_id: int = -1,
+) -> BeamResult:
     """Ancestral sampling with temperature, top-k and top-p (Holtzman et al. 2020, §3.1).
 
     At each step the token is drawn from ``filter_logits`` of the model's logits after the
@@ -638,17 +760,44 @@ def sample(model: SearchModel, src: jax.Array, src_segments: jax.Array, max_leng
         return jax.vmap(jax.random.categorical)(step_keys, filtered)
 
     tokens, lengths, logp = _ancestral(
-        model, src, src_segments, max_lengths, choose, num=num_samples, max_len=max_len,
-        bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, min_length=min_length, unk_id=unk_id)
+        model,
+        src,
+        src_segments,
+        max_lengths,
+        choose,
+        num=num_samples,
+        max_len=max_len,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        min_length=min_length,
+        unk_id=unk_id,
+    )
     scores = logp / length_penalty(lengths, alpha, length_penalty_kind)
     order = jnp.argsort(-scores, axis=1, stable=True)
-    return BeamResult(tokens=_gather_beams(tokens, order), lengths=_gather_beams(lengths, order),
-                      logprobs=_gather_beams(logp, order), scores=_gather_beams(scores, order))
+    return BeamResult(
+        tokens=_gather_beams(tokens, order),
+        lengths=_gather_beams(lengths, order),
+        logprobs=_gather_beams(logp, order),
+        scores=_gather_beams(scores, order),
+    )
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "graphdef", "beam_size", "max_len", "alpha", "bos_id", "eos_id", "pad_id",
-    "length_penalty_kind", "min_length", "unk_id"))
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "graphdef",
+        "beam_size",
+        "max_len",
+        "alpha",
+        "bos_id",
+        "eos_id",
+        "pad_id",
+        "length_penalty_kind",
+        "min_length",
+        "unk_id",
+    ),
+)
 def beam_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwargs) -> BeamResult:
     """``beam_search`` on a model given as (graphdef, params); arrays as in ``beam_search``.
 
@@ -658,16 +807,33 @@ def beam_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwarg
     return beam_search(nnx.merge(graphdef, params), src, src_segments, max_lengths, **kwargs)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "bos_id", "eos_id", "pad_id",
-                                             "min_length", "unk_id"))
+@functools.partial(
+    jax.jit,
+    static_argnames=("graphdef", "max_len", "bos_id", "eos_id", "pad_id", "min_length", "unk_id"),
+)
 def greedy_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwargs):
     """``greedy_search`` on a model given as (graphdef, params); static as ``beam_search_jit``."""
     return greedy_search(nnx.merge(graphdef, params), src, src_segments, max_lengths, **kwargs)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "graphdef", "num_samples", "max_len", "bos_id", "eos_id", "pad_id", "temperature", "top_k",
-    "top_p", "min_length", "alpha", "length_penalty_kind", "unk_id"))
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "graphdef",
+        "num_samples",
+        "max_len",
+        "bos_id",
+        "eos_id",
+        "pad_id",
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_length",
+        "alpha",
+        "length_penalty_kind",
+        "unk_id",
+    ),
+)
 def sample_jit(params, src, src_segments, max_lengths, keys, *, graphdef, **kwargs) -> BeamResult:
     """``sample`` on a model given as (graphdef, params); static as ``beam_search_jit`` (the
     keys are traced, so a new seed does not recompile)."""

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import sacrebleu
 
@@ -31,8 +31,10 @@ class Scores:
     num_sentences: int
 
     def __str__(self) -> str:
-        return (f"BLEU = {self.bleu:.2f} ({self.bleu_signature})\n"
-                f"chrF = {self.chrf:.2f} ({self.chrf_signature})")
+        return (
+            f"BLEU = {self.bleu:.2f} ({self.bleu_signature})\n"
+            f"chrF = {self.chrf:.2f} ({self.chrf_signature})"
+        )
 
 
 def piece_lines(lines: Sequence[str]) -> list[int]:
@@ -46,13 +48,19 @@ def pieces_message(name: str, lines: Sequence[str]) -> str | None:
     found = piece_lines(lines)
     if not found:
         return None
-    return (f"{name}: {len(found)} of {len(lines)} lines contain SentencePiece pieces "
-            f"('{PIECE_MARK}', first on line {found[0]}); BLEU and chrF are meant for "
-            "detokenized text (decode the pieces, e.g. with spm_decode)")
+    return (
+        f"{name}: {len(found)} of {len(lines)} lines contain SentencePiece pieces "
+        f"('{PIECE_MARK}', first on line {found[0]}); BLEU and chrF are meant for "
+        "detokenized text (decode the pieces, e.g. with spm_decode)"
+    )
 
 
-def score(hypotheses: Sequence[str], references: Sequence[str], *,
-          names: tuple[str, str] = ("hypotheses", "references")) -> Scores:
+def score(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    names: tuple[str, str] = ("hypotheses", "references"),
+) -> Scores:
     """Score detokenized hypotheses against one reference each (sacreBLEU defaults: 13a, cased).
 
     A side whose lines contain SentencePiece pieces (``piece_lines``) is scored as it is,
@@ -63,8 +71,10 @@ def score(hypotheses: Sequence[str], references: Sequence[str], *,
       ValueError: the two lists differ in length or are empty.
     """
     if len(hypotheses) != len(references) or not hypotheses:
-        raise ValueError(f"need as many hypotheses as references (> 0): got {len(hypotheses)} "
-                         f"hypotheses and {len(references)} references")
+        raise ValueError(
+            f"need as many hypotheses as references (> 0): got {len(hypotheses)} "
+            f"hypotheses and {len(references)} references"
+        )
     for name, lines in zip(names, (hypotheses, references)):
         message = pieces_message(name, lines)
         if message:
@@ -72,5 +82,10 @@ def score(hypotheses: Sequence[str], references: Sequence[str], *,
     bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
     b = bleu.corpus_score(list(hypotheses), [list(references)])
     c = chrf.corpus_score(list(hypotheses), [list(references)])
-    return Scores(bleu=b.score, chrf=c.score, bleu_signature=str(bleu.get_signature()),
-                  chrf_signature=str(chrf.get_signature()), num_sentences=len(hypotheses))
+    return Scores(
+        bleu=b.score,
+        chrf=c.score,
+        bleu_signature=str(bleu.get_signature()),
+        chrf_signature=str(chrf.get_signature()),
+        num_sentences=len(hypotheses),
+    )

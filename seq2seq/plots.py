@@ -57,8 +57,14 @@ def plot_run(workdir: str | Path, output: str | Path | None = None) -> Path:
     def draw(ax, key, label, **kw):
         if key in data:
             steps, values = data[key]
-            ax.plot(steps, values, label=label, marker="o" if len(steps) < 30 else None,
-                    markersize=3, **kw)
+            ax.plot(
+                steps,
+                values,
+                label=label,
+                marker="o" if len(steps) < 30 else None,
+                markersize=3,
+                **kw,
+            )
 
     draw(loss_ax, ("train", "loss"), "train loss (smoothed)")
     draw(loss_ax, ("dev", "loss"), "dev loss (smoothed)")
@@ -67,8 +73,15 @@ def plot_run(workdir: str | Path, output: str | Path | None = None) -> Path:
     draw(bleu_ax, ("dev", "bleu"), "dev BLEU")
     tests = [r for r in records if r.get("split") == "test" and "bleu" in r]
     if tests:  # drawn at the step of the checkpoint that was decoded
-        bleu_ax.scatter([r.get("checkpoint", r["step"]) for r in tests], [r["bleu"] for r in tests],
-                        color="black", marker="*", s=80, label="test BLEU", zorder=3)
+        bleu_ax.scatter(
+            [r.get("checkpoint", r["step"]) for r in tests],
+            [r["bleu"] for r in tests],
+            color="black",
+            marker="*",
+            s=80,
+            label="test BLEU",
+            zorder=3,
+        )
     bleu_ax.set(title="BLEU (sacreBLEU)", ylabel="BLEU")
     draw(lr_ax, ("train", "learning_rate"), "learning rate")
     lr_ax.set(title="learning rate", xlabel="step")

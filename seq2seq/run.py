@@ -17,16 +17,32 @@ from pathlib import Path
 from typing import Any
 
 from seq2seq import evaluation
-from seq2seq.config import (Config, ConfigError, check_position_limits, flatten, load_config,
-                            replace, save_config)
-from seq2seq.data.pipeline import (MIN_DECODE_SOURCE_LEN, PreparedData, check_vocabularies,
-                                   decode_source_limit, fill_vocab_sizes, prepare)
+from seq2seq.config import (
+    Config,
+    ConfigError,
+    check_position_limits,
+    flatten,
+    load_config,
+    replace,
+    save_config,
+)
+from seq2seq.data.pipeline import (
+    MIN_DECODE_SOURCE_LEN,
+    PreparedData,
+    check_vocabularies,
+    decode_source_limit,
+    fill_vocab_sizes,
+    prepare,
+)
 from seq2seq.data.sources import FORMATS
-from seq2seq.sharding import (Partitioner, initialize_distributed, is_main_process,
-                              main_process_first)
+from seq2seq.sharding import (
+    Partitioner,
+    initialize_distributed,
+    is_main_process,
+    main_process_first,
+)
 from seq2seq.summary import write_summary_md
-from seq2seq.training.loop import (DevBleu, Interrupted, TrainingDiverged, check_train_config,
-                                   fit)
+from seq2seq.training.loop import DevBleu, Interrupted, TrainingDiverged, check_train_config, fit
 from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.step import abstract_train_state
 from seq2seq.translation import Translator, check_decode_config
@@ -34,16 +50,41 @@ from seq2seq.workdir import checkpoint_steps, config_changes_path, config_path, 
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RESUMABLE", "Interrupted", "TrainingDiverged", "check_resume", "check_run_config",
-           "dev_bleu", "prepare_run", "train"]
+__all__ = [
+    "RESUMABLE",
+    "Interrupted",
+    "TrainingDiverged",
+    "check_resume",
+    "check_run_config",
+    "dev_bleu",
+    "prepare_run",
+    "train",
+]
 
 # Keys (or sections, ending in ".") that may change when a run resumes: they change how it goes
 # on, not what it is. Any other change is refused unless train.allow_config_change=true.
-RESUMABLE = ("workdir", "train.steps", "train.eval_every", "train.checkpoint_every",
-             "train.log_every", "train.dev_bleu", "train.bleu_subset", "train.bleu_beam_size",
-             "train.patience", "train.keep_checkpoints", "train.keep_best", "train.test_checkpoint",
-             "train.max_seconds", "train.max_skipped_steps", "train.allow_config_change",
-             "decode.", "data.dev.", "data.test.", "mesh.", "distributed.")
+RESUMABLE = (
+    "workdir",
+    "train.steps",
+    "train.eval_every",
+    "train.checkpoint_every",
+    "train.log_every",
+    "train.dev_bleu",
+    "train.bleu_subset",
+    "train.bleu_beam_size",
+    "train.patience",
+    "train.keep_checkpoints",
+    "train.keep_best",
+    "train.test_checkpoint",
+    "train.max_seconds",
+    "train.max_skipped_steps",
+    "train.allow_config_change",
+    "decode.",
+    "data.dev.",
+    "data.test.",
+    "mesh.",
+    "distributed.",
+)
 # Changes that move the data position: it is remapped by examples (see remap_position).
 BATCHING = ("data.max_tokens", "data.max_len", "data.packing")
 
@@ -67,25 +108,38 @@ def check_run_config(config: Config) -> None:
     for split in ("train", "dev", "test"):
         fmt = getattr(d, split).format
         if fmt not in FORMATS:
-            raise ConfigError(f"data.{split}.format must be one of {', '.join(FORMATS)}; "
-                              f"got {fmt!r}")
+            raise ConfigError(
+                f"data.{split}.format must be one of {', '.join(FORMATS)}; got {fmt!r}"
+            )
     if d.max_len < 2:
         raise ConfigError(f"data.max_len must be >= 2 (a token and EOS), got {d.max_len}")
     if d.max_tokens < d.max_len:
-        raise ConfigError(f"data.max_tokens={d.max_tokens} is less than one row of "
-                          f"data.max_len={d.max_len} tokens")
+        raise ConfigError(
+            f"data.max_tokens={d.max_tokens} is less than one row of "
+            f"data.max_len={d.max_len} tokens"
+        )
     if m.positions == "learned" and m.max_len < d.max_len:
-        raise ConfigError(f"model.positions=learned has a table of model.max_len={m.max_len} "
-                          f"positions, fewer than data.max_len={d.max_len}: raise model.max_len")
-    check_position_limits(config, max(d.max_len, MIN_DECODE_SOURCE_LEN),
-                          f"the test decode's source limit max(data.max_len, "
-                          f"{MIN_DECODE_SOURCE_LEN}) up to model.max_len", capped=True)
+        raise ConfigError(
+            f"model.positions=learned has a table of model.max_len={m.max_len} "
+            f"positions, fewer than data.max_len={d.max_len}: raise model.max_len"
+        )
+    check_position_limits(
+        config,
+        max(d.max_len, MIN_DECODE_SOURCE_LEN),
+        f"the test decode's source limit max(data.max_len, "
+        f"{MIN_DECODE_SOURCE_LEN}) up to model.max_len",
+        capped=True,
+    )
     if m.d_model % m.num_heads:
-        raise ConfigError(f"model.d_model={m.d_model} is not divisible by "
-                          f"model.num_heads={m.num_heads}")
+        raise ConfigError(
+            f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}"
+        )
     vocab = m.vocab_size or config.tokenizer.vocab_size
-    abstract_train_state(replace(config, **{"model.vocab_size": vocab,
-                                            "model.src_vocab_size": m.src_vocab_size or vocab}))
+    abstract_train_state(
+        replace(
+            config, **{"model.vocab_size": vocab, "model.src_vocab_size": m.src_vocab_size or vocab}
+        )
+    )
     partitioner = Partitioner.from_config(config)
     partitioner.process_rows(d.max_tokens // d.max_len)  # rows split over data × fsdp
 
@@ -94,8 +148,9 @@ def _resumable(key: str) -> bool:
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE)
 
 
-def check_resume(config: Config, *, quiet: bool = False) -> tuple[Config | None,
-                                                                  list[tuple[str, Any, Any]]]:
+def check_resume(
+    config: Config, *, quiet: bool = False
+) -> tuple[Config | None, list[tuple[str, Any, Any]]]:
     """Compare ``config`` with the saved ``config.yaml`` of a run that has checkpoints.
 
     Keys in ``RESUMABLE`` may change (each change is logged); a change to any other key is
@@ -114,16 +169,21 @@ def check_resume(config: Config, *, quiet: bool = False) -> tuple[Config | None,
         return None, []
     saved = load_config(config_path(workdir))
     old, new = flatten(saved), flatten(config)
-    changes = [(k, old.get(k), v) for k, v in new.items() if old.get(k) != v
-               and k != "workdir"
-               and not (k in ("model.vocab_size", "model.src_vocab_size") and v == 0)]
+    changes = [
+        (k, old.get(k), v)
+        for k, v in new.items()
+        if old.get(k) != v
+        and k != "workdir"
+        and not (k in ("model.vocab_size", "model.src_vocab_size") and v == 0)
+    ]
     refused = [c for c in changes if not _resumable(c[0])]
     listed = "; ".join(f"{k}: {a!r} → {b!r}" for k, a, b in refused)
     if refused and not config.train.allow_config_change:
         raise ConfigError(
             f"{workdir} holds a run at step {steps[-1]} whose {config_path(workdir).name} differs "
             f"in settings that change what the run is: {listed}. Resume with the saved values, "
-            f"use another workdir, or set train.allow_config_change=true")
+            f"use another workdir, or set train.allow_config_change=true"
+        )
     for k, a, b in [] if quiet else changes:
         level = logging.WARNING if (k, a, b) in refused else logging.INFO
         log.log(level, "resuming step %d with %s changed: %r → %r", steps[-1], k, a, b)
@@ -142,8 +202,14 @@ def dev_bleu(data: PreparedData, config: Config) -> DevBleu:
     decode = replace(config.decode, beam_size=t.bleu_beam_size or config.decode.beam_size)
 
     def score(params: Any, graphdef: Any, partitioner: Partitioner | None) -> dict[str, float]:
-        translator = Translator(graphdef, params, data.tokenizer, decode,
-                                max_src_len=decode_source_limit(config), partitioner=partitioner)
+        translator = Translator(
+            graphdef,
+            params,
+            data.tokenizer,
+            decode,
+            max_src_len=decode_source_limit(config),
+            partitioner=partitioner,
+        )
         scores = evaluation.score([h[0].text for h in translator.translate(sources)], refs)
         log.debug("dev BLEU signature: %s", scores.bleu_signature)
         return {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_sentences": scores.num_sentences}
@@ -151,8 +217,9 @@ def dev_bleu(data: PreparedData, config: Config) -> DevBleu:
     return score
 
 
-def _translate_and_score(translator: Translator, sources: list[str], references: list[str],
-                         out_path: Path | None = None) -> tuple[evaluation.Scores, list[str]]:
+def _translate_and_score(
+    translator: Translator, sources: list[str], references: list[str], out_path: Path | None = None
+) -> tuple[evaluation.Scores, list[str]]:
     hyps = [h[0].text for h in translator.translate(sources, progress=True)]
     if out_path is not None:
         out_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
@@ -190,8 +257,12 @@ def prepare_run(config: Config, *, checked: bool = False) -> tuple[Config, Prepa
             step = checkpoint_steps(workdir)[-1]
             with config_changes_path(workdir).open("a", encoding="utf-8") as f:
                 for key, old, new in changes:
-                    f.write(json.dumps({"step": step, "key": key, "saved": old, "new": new},
-                                       ensure_ascii=False) + "\n")
+                    f.write(
+                        json.dumps(
+                            {"step": step, "key": key, "saved": old, "new": new}, ensure_ascii=False
+                        )
+                        + "\n"
+                    )
     remap = saved.data if saved and any(k in BATCHING for k, _, _ in changes) else None
     return config, data, remap
 
@@ -215,7 +286,8 @@ def train(config: Config, *, checked: bool = False) -> dict[str, Any]:
     Returns:
       A summary dict: ``status`` (``finished``, ``early_stopping`` or ``max_seconds``),
       ``step``, last ``dev`` metrics, ``best`` (metric, value, step, dev loss),
-      ``best_checkpoint``, ``test_step`` (checkpoint decoded), ``test_bleu``/``test_chrf`` with signatures,
+      ``best_checkpoint``, ``test_step`` (checkpoint decoded), ``test_bleu``/``test_chrf`` with
+      signatures,
       ``tokens_seen`` (real source+target tokens), ``train_seconds`` (all runs), this run's
       ``wall_seconds``, ``checkpoints``, ``examples``.
 
@@ -233,40 +305,72 @@ def train(config: Config, *, checked: bool = False) -> dict[str, Any]:
     except (Interrupted, TrainingDiverged) as e:
         status = "interrupted" if isinstance(e, Interrupted) else "diverged"
         if is_main_process():
-            write_summary_md(workdir, config, {"status": status, "message": str(e), "step": e.step,
-                                               "wall_seconds": time.perf_counter() - wall_start})
+            write_summary_md(
+                workdir,
+                config,
+                {
+                    "status": status,
+                    "message": str(e),
+                    "step": e.step,
+                    "wall_seconds": time.perf_counter() - wall_start,
+                },
+            )
         raise
 
-    translator = Translator(result.graphdef, result.test_params, data.tokenizer, config.decode,
-                            max_src_len=decode_source_limit(config), partitioner=result.partitioner)
+    translator = Translator(
+        result.graphdef,
+        result.test_params,
+        data.tokenizer,
+        config.decode,
+        max_src_len=decode_source_limit(config),
+        partitioner=result.partitioner,
+    )
     sources, refs = data.test_text.sources, data.test_text.targets
     if config.decode.test_limit:
         sources, refs = sources[: config.decode.test_limit], refs[: config.decode.test_limit]
     main = is_main_process()
     t0 = time.perf_counter()
-    scores, hyps = _translate_and_score(translator, sources, refs,
-                                        workdir / "test.hyp" if main else None)
+    scores, hyps = _translate_and_score(
+        translator, sources, refs, workdir / "test.hyp" if main else None
+    )
     decode_seconds = time.perf_counter() - t0
     step = int(result.state.step)
     writer = MetricsWriter(workdir, enabled=main)
-    writer.write(step, "test", {"bleu": scores.bleu, "chrf": scores.chrf, "checkpoint": result.test_step})
+    writer.write(
+        step, "test", {"bleu": scores.bleu, "chrf": scores.chrf, "checkpoint": result.test_step}
+    )
     writer.close()
     p = result.progress
     summary = {
-        "status": result.stopped, "step": step, "dev": p.dev,
-        "best": result.best.to_json(), "best_checkpoint": result.best_checkpoint,
-        "test_step": result.test_step, "test_bleu": scores.bleu, "test_chrf": scores.chrf,
-        "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
-        "test_sentences": scores.num_sentences, "tokens_seen": p.tokens_seen,
-        "target_tokens_seen": p.target_tokens_seen, "skipped_steps": p.skipped_total,
-        "train_seconds": p.train_seconds, "eval_seconds": p.eval_seconds,
-        "decode_seconds": decode_seconds, "wall_seconds": time.perf_counter() - wall_start,
-        "parameters": result.parameters, "checkpoints": result.checkpoints, "data": data.stats,
-        "examples": [{"source": s, "reference": r, "hypothesis": h}
-                     for s, r, h in list(zip(sources, refs, hyps))[:5]],
+        "status": result.stopped,
+        "step": step,
+        "dev": p.dev,
+        "best": result.best.to_json(),
+        "best_checkpoint": result.best_checkpoint,
+        "test_step": result.test_step,
+        "test_bleu": scores.bleu,
+        "test_chrf": scores.chrf,
+        "bleu_signature": scores.bleu_signature,
+        "chrf_signature": scores.chrf_signature,
+        "test_sentences": scores.num_sentences,
+        "tokens_seen": p.tokens_seen,
+        "target_tokens_seen": p.target_tokens_seen,
+        "skipped_steps": p.skipped_total,
+        "train_seconds": p.train_seconds,
+        "eval_seconds": p.eval_seconds,
+        "decode_seconds": decode_seconds,
+        "wall_seconds": time.perf_counter() - wall_start,
+        "parameters": result.parameters,
+        "checkpoints": result.checkpoints,
+        "data": data.stats,
+        "examples": [
+            {"source": s, "reference": r, "hypothesis": h}
+            for s, r, h in list(zip(sources, refs, hyps))[:5]
+        ],
     }
     if main:
-        (workdir / "test.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False),
-                                           encoding="utf-8")
+        (workdir / "test.json").write_text(
+            json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8"
+        )
         write_summary_md(workdir, config, summary)
     return summary

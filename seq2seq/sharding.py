@@ -41,12 +41,14 @@ import contextlib
 import functools
 import logging
 import math
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 log = logging.getLogger(__name__)
 _K = TypeVar("_K")  # the keys of a batch (shard_batch keeps them)
@@ -57,11 +59,11 @@ BATCH_AXES = ("data", "fsdp")
 # Logical axis (seq2seq.model.axes) → mesh axes; None = replicated. The one table.
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", BATCH_AXES),  # rows of every batch and decoding input (activations follow them)
-    ("vocab", "tensor"),    # embedding rows = output-projection columns (vocab-parallel logits)
-    ("embed", "fsdp"),      # d_model: FSDP splits every weight and its Adam moments along it
-    ("heads", "tensor"),    # heads × head_dim: Q/K/V columns, output-projection rows
-    ("mlp", "tensor"),      # d_ff: FFN W1 columns, W2 rows
-    ("positions", None),    # rows of a learned position table (model.max_len): small, replicated
+    ("vocab", "tensor"),  # embedding rows = output-projection columns (vocab-parallel logits)
+    ("embed", "fsdp"),  # d_model: FSDP splits every weight and its Adam moments along it
+    ("heads", "tensor"),  # heads × head_dim: Q/K/V columns, output-projection rows
+    ("mlp", "tensor"),  # d_ff: FFN W1 columns, W2 rows
+    ("positions", None),  # rows of a learned position table (model.max_len): small, replicated
     ("relpos_buckets", None),  # T5 relative-position buckets: a [heads, buckets] table
 )
 
@@ -97,8 +99,10 @@ def mesh_shape(config, num_devices: int) -> tuple[int, int, int]:
             raise MeshError(f"mesh {named}: {num_devices} devices are not divisible by {known}")
         sizes[sizes.index(-1)] = num_devices // known
     if math.prod(sizes) != num_devices:
-        raise MeshError(f"mesh {named} needs {math.prod(sizes)} devices but there are "
-                        f"{num_devices}; set one size to -1 or change the sizes")
+        raise MeshError(
+            f"mesh {named} needs {math.prod(sizes)} devices but there are "
+            f"{num_devices}; set one size to -1 or change the sizes"
+        )
     return tuple(sizes)
 
 
@@ -118,8 +122,9 @@ def make_mesh(config, devices: list | None = None) -> Mesh:
     """
     devices = jax.devices() if devices is None else list(devices)
     shape = mesh_shape(config, len(devices))
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                         devices=devices)
+    return jax.make_mesh(
+        shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
+    )
 
 
 def check_model(model_config, mesh: Mesh) -> None:
@@ -139,14 +144,18 @@ def check_model(model_config, mesh: Mesh) -> None:
 
 
 # -- logical → mesh ------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn_replicated(name: str, size: int, axes: tuple[str, ...], parts: int) -> None:
-    log.warning("logical axis %r of size %d is not divisible by mesh axes %s (%d); replicated",
-                name, size, axes, parts)
+    log.warning(
+        "logical axis %r of size %d is not divisible by mesh axes %s (%d); replicated",
+        name,
+        size,
+        axes,
+        parts,
+    )
 
 
-def logical_to_mesh(spec: P, shape: tuple[int, ...], mesh: Mesh,
-                    rules: tuple = RULES) -> P:
+def logical_to_mesh(spec: P, shape: tuple[int, ...], mesh: Mesh, rules: tuple = RULES) -> P:
     """Map a logical ``PartitionSpec`` (e.g. ``P("embed", "mlp")``) to mesh axes by ``rules``.
 
     A mesh axis is used at most once per array (a later dimension asking for a taken axis is
@@ -195,8 +204,11 @@ def format_rules(rules: tuple = RULES) -> str:
     """The rules as a Markdown table (``python -m seq2seq.sharding`` prints it)."""
     lines = ["| logical axis | mesh axes |", "|---|---|"]
     for name, target in rules:
-        shown = "replicated" if target is None else " × ".join(
-            (target,) if isinstance(target, str) else target)
+        shown = (
+            "replicated"
+            if target is None
+            else " × ".join((target,) if isinstance(target, str) else target)
+        )
         lines.append(f"| `{name}` | {shown} |")
     return "\n".join(lines)
 
@@ -220,12 +232,19 @@ def initialize_distributed(config) -> bool:
     explicit = config.coordinator_address is not None or (config.num_processes or 1) > 1
     if not (config.auto or explicit):
         return False
-    jax.distributed.initialize(coordinator_address=config.coordinator_address,
-                               num_processes=config.num_processes, process_id=config.process_id,
-                               initialization_timeout=config.initialization_timeout)
-    log.info("jax.distributed: process %d of %d, %d local / %d global devices",
-             jax.process_index(), jax.process_count(), jax.local_device_count(),
-             jax.device_count())
+    jax.distributed.initialize(
+        coordinator_address=config.coordinator_address,
+        num_processes=config.num_processes,
+        process_id=config.process_id,
+        initialization_timeout=config.initialization_timeout,
+    )
+    log.info(
+        "jax.distributed: process %d of %d, %d local / %d global devices",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
     return True
 
 
@@ -298,7 +317,7 @@ class Partitioner:
         self.batch_shards = math.prod(mesh.shape[a] for a in self.batch_sharding.spec[0])
 
     @classmethod
-    def from_config(cls, config) -> "Partitioner":
+    def from_config(cls, config) -> Partitioner:
         """The partitioner of a run: its ``mesh`` section over all devices, checked against
         its ``model`` section.
 
@@ -310,10 +329,16 @@ class Partitioner:
         return cls(mesh)
 
     @classmethod
-    def single_device(cls) -> "Partitioner":
+    def single_device(cls) -> Partitioner:
         """A mesh of this process's first device (everything on one device)."""
-        return cls(jax.make_mesh((1, 1, 1), MESH_AXES, axis_types=(AxisType.Auto,) * 3,
-                                 devices=jax.local_devices()[:1]))
+        return cls(
+            jax.make_mesh(
+                (1, 1, 1),
+                MESH_AXES,
+                axis_types=(AxisType.Auto,) * 3,
+                devices=jax.local_devices()[:1],
+            )
+        )
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{a}={n}" for a, n in self.mesh.shape.items())
@@ -342,8 +367,11 @@ class Partitioner:
     def abstract(self, tree: Any) -> Any:
         """``tree`` as ``jax.ShapeDtypeStruct`` with shardings: the target for a sharded orbax
         restore (each process reads only its shards)."""
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            tree, self.shardings(tree))
+        return jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            tree,
+            self.shardings(tree),
+        )
 
     def place(self, tree: Any) -> Any:
         """Put a pytree of arrays on the mesh by the rules.
@@ -352,6 +380,7 @@ class Partitioner:
         must hold with equal values) are cut into the shards this process owns; other global
         arrays are resharded.
         """
+
         def put(x, sharding):
             if isinstance(x, jax.Array) and x.sharding == sharding:
                 return x
@@ -384,8 +413,10 @@ class Partitioner:
           MeshError: ``num_rows`` is not divisible by ``data × fsdp``.
         """
         if num_rows % self.batch_shards:
-            raise MeshError(f"{num_rows} batch rows are not divisible by data × fsdp = "
-                            f"{self.batch_shards}; change data.max_tokens or the mesh")
+            raise MeshError(
+                f"{num_rows} batch rows are not divisible by data × fsdp = "
+                f"{self.batch_shards}; change data.max_tokens or the mesh"
+            )
         index_map = self.batch_sharding.addressable_devices_indices_map((num_rows,))
         covered: set[int] = set()
         for idx in index_map.values():
@@ -417,25 +448,41 @@ class Partitioner:
         first = next(iter(batch.values()))
         rows = self.process_rows(np.shape(first)[row_axis])
         sharding = self.rows_sharding(row_axis)
-        return {k: jax.make_array_from_process_local_data(
-                    sharding, np.take(np.asarray(v), rows, axis=row_axis), np.shape(v))
-                for k, v in batch.items()}
+        return {
+            k: jax.make_array_from_process_local_data(
+                sharding, np.take(np.asarray(v), rows, axis=row_axis), np.shape(v)
+            )
+            for k, v in batch.items()
+        }
 
     def compute_layout(self, shardings: Any) -> Any:
         """The layout parameters compute in: ``shardings`` with ``fsdp`` removed (gathered),
         tensor parallelism kept. The steps constrain their parameters to it once per call
         (``param_layout`` of ``make_train_step``), not in every layer or loop step."""
+
         def drop(sharding):
-            spec = [tuple(a for a in (e if isinstance(e, tuple) else (e,)) if a != "fsdp")
-                    if e is not None else () for e in sharding.spec]
-            return NamedSharding(self.mesh, P(*[e[0] if len(e) == 1 else (e or None)
-                                                for e in spec]))
+            spec = [
+                tuple(a for a in (e if isinstance(e, tuple) else (e,)) if a != "fsdp")
+                if e is not None
+                else ()
+                for e in sharding.spec
+            ]
+            return NamedSharding(
+                self.mesh, P(*[e[0] if len(e) == 1 else (e or None) for e in spec])
+            )
 
         return jax.tree.map(drop, shardings)
 
     # compiling a step --------------------------------------------------------------------
-    def jit(self, fn: Callable, shardings: Any, *, row_axis: int = 0, out_shardings: Any = None,
-            donate: bool = False) -> Callable:
+    def jit(
+        self,
+        fn: Callable,
+        shardings: Any,
+        *,
+        row_axis: int = 0,
+        out_shardings: Any = None,
+        donate: bool = False,
+    ) -> Callable:
         """``fn(x, rows)`` compiled over the mesh: the one way a step is compiled here.
 
         Args:
@@ -448,9 +495,12 @@ class Partitioner:
             them without a gather (metrics, token ids, scores).
           donate: donate ``x`` (a train state updated in place).
         """
-        return jax.jit(fn, in_shardings=(shardings, self.rows_sharding(row_axis)),
-                       out_shardings=self.replicated if out_shardings is None else out_shardings,
-                       donate_argnums=(0,) if donate else ())
+        return jax.jit(
+            fn,
+            in_shardings=(shardings, self.rows_sharding(row_axis)),
+            out_shardings=self.replicated if out_shardings is None else out_shardings,
+            donate_argnums=(0,) if donate else (),
+        )
 
 
 if __name__ == "__main__":

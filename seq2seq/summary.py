@@ -41,83 +41,147 @@ def summary_markdown(workdir: str | Path, config: Config, summary: dict[str, Any
     dev_rows = {r["step"]: r for r in records if r.get("split") == "dev"}
     best = summary.get("best") or {}
     status = summary.get("status", "unknown")
-    lines = [f"# Run `{workdir.name}`", "",
-             f"Written {time.strftime('%Y-%m-%d %H:%M:%S')} by `seq2seq-train`. Resume or extend it "
-             f"with `seq2seq-train --config {config_path(workdir)}` (add `train.steps=N` to go on).", ""]
+    lines = [
+        f"# Run `{workdir.name}`",
+        "",
+        f"Written {time.strftime('%Y-%m-%d %H:%M:%S')} by `seq2seq-train`. Resume or extend it "
+        f"with `seq2seq-train --config {config_path(workdir)}` (add `train.steps=N` to go on).",
+        "",
+    ]
     step = summary.get("step")
     if status in ("interrupted", "diverged"):
-        lines += [f"**Status: {status} at step {step} of {t.steps}.** {summary.get('message', '')}", ""]
+        lines += [
+            f"**Status: {status} at step {step} of {t.steps}.** {summary.get('message', '')}",
+            "",
+        ]
     else:
         lines += [f"**Status: {status.replace('_', ' ')} at step {step} of {t.steps}.**", ""]
 
     tokens = summary.get("tokens_seen")
-    lines += ["## Results", "", "| | |", "|---|---|",
-              f"| best dev {best.get('metric', t.best_metric)} | {_fmt(best.get('value'))} at step "
-              f"{_fmt(best.get('step'))} (checkpoint kept: {_fmt(summary.get('best_checkpoint'))}) |",
-              f"| test BLEU | {_fmt(summary.get('test_bleu'), '.2f')} (checkpoint {_fmt(summary.get('test_step'))}, "
-              f"{_fmt(summary.get('test_sentences'))} sentences) |",
-              f"| test chrF | {_fmt(summary.get('test_chrf'), '.2f')} |",
-              f"| signatures | `{summary.get('bleu_signature', '–')}`; `{summary.get('chrf_signature', '–')}` |",
-              f"| tokens seen (source + target, real) | {_fmt(tokens, ',')} |",
-              f"| training time (all runs) | {_minutes(summary.get('train_seconds'))} + "
-              f"{_minutes(summary.get('eval_seconds'))} dev evaluation |",
-              f"| test decode | {_fmt(summary.get('decode_seconds'), '.0f')} s |",
-              f"| wall time (this invocation) | {_minutes(summary.get('wall_seconds'))} |",
-              f"| parameters | {_fmt(summary.get('parameters'), ',')} |",
-              f"| skipped (non-finite) steps | {_fmt(summary.get('skipped_steps'))} |", ""]
+    lines += [
+        "## Results",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| best dev {best.get('metric', t.best_metric)} | {_fmt(best.get('value'))} at step "
+        f"{_fmt(best.get('step'))} (checkpoint kept: {_fmt(summary.get('best_checkpoint'))}) |",
+        f"| test BLEU | {_fmt(summary.get('test_bleu'), '.2f')} "
+        f"(checkpoint {_fmt(summary.get('test_step'))}, "
+        f"{_fmt(summary.get('test_sentences'))} sentences) |",
+        f"| test chrF | {_fmt(summary.get('test_chrf'), '.2f')} |",
+        f"| signatures | `{summary.get('bleu_signature', '–')}`; "
+        f"`{summary.get('chrf_signature', '–')}` |",
+        f"| tokens seen (source + target, real) | {_fmt(tokens, ',')} |",
+        f"| training time (all runs) | {_minutes(summary.get('train_seconds'))} + "
+        f"{_minutes(summary.get('eval_seconds'))} dev evaluation |",
+        f"| test decode | {_fmt(summary.get('decode_seconds'), '.0f')} s |",
+        f"| wall time (this invocation) | {_minutes(summary.get('wall_seconds'))} |",
+        f"| parameters | {_fmt(summary.get('parameters'), ',')} |",
+        f"| skipped (non-finite) steps | {_fmt(summary.get('skipped_steps'))} |",
+        "",
+    ]
 
     if summary.get("data"):
-        lines += ["## Data", "", f"{config.data.src_lang} → {config.data.tgt_lang}; "
-                  f"train `{config.data.train.path}`, dev `{config.data.dev.path}`, "
-                  f"test `{config.data.test.path}`.", "", "| statistic | value |", "|---|---|"]
+        lines += [
+            "## Data",
+            "",
+            f"{config.data.src_lang} → {config.data.tgt_lang}; "
+            f"train `{config.data.train.path}`, dev `{config.data.dev.path}`, "
+            f"test `{config.data.test.path}`.",
+            "",
+            "| statistic | value |",
+            "|---|---|",
+        ]
         lines += [f"| {k} | {_fmt(v, '.6g')} |" for k, v in summary["data"].items()] + [""]
 
     tok = config.tokenizer
-    lines += ["## Tokenizer", "",
-              f"SentencePiece {tok.model_type}, {config.model.vocab_size or tok.vocab_size} pieces: "
-              f"`{tok.model_file or tokenizer_path(workdir).name}`.", ""]
+    lines += [
+        "## Tokenizer",
+        "",
+        f"SentencePiece {tok.model_type}, {config.model.vocab_size or tok.vocab_size} pieces: "
+        f"`{tok.model_file or tokenizer_path(workdir).name}`.",
+        "",
+    ]
 
     steps = checkpoint_steps(workdir)
-    lines += ["## Checkpoints", "", f"In `checkpoints/` (orbax; last {t.keep_checkpoints} kept"
-              f"{' plus the best' if t.keep_best else ''}).", "",
-              "| step | dev loss | dev BLEU | |", "|---|---|---|---|"]
+    lines += [
+        "## Checkpoints",
+        "",
+        f"In `checkpoints/` (orbax; last {t.keep_checkpoints} kept"
+        f"{' plus the best' if t.keep_best else ''}).",
+        "",
+        "| step | dev loss | dev BLEU | |",
+        "|---|---|---|---|",
+    ]
     for s in steps:
         d = dev_rows.get(s, {})
-        note = ", ".join(n for n, ok in (("best", s == best.get("step")), ("latest", s == steps[-1])) if ok)
-        lines.append(f"| {s} | {_fmt(d.get('loss'), '.3f')} | {_fmt(d.get('bleu'), '.2f')} | {note} |")
+        note = ", ".join(
+            n for n, ok in (("best", s == best.get("step")), ("latest", s == steps[-1])) if ok
+        )
+        lines.append(
+            f"| {s} | {_fmt(d.get('loss'), '.3f')} | {_fmt(d.get('bleu'), '.2f')} | {note} |"
+        )
     lines.append("")
 
     if dev_rows:
-        lines += ["## Dev evaluations", "", "| step | loss | accuracy | ppl | BLEU |", "|---|---|---|---|---|"]
+        lines += [
+            "## Dev evaluations",
+            "",
+            "| step | loss | accuracy | ppl | BLEU |",
+            "|---|---|---|---|---|",
+        ]
         for s, d in sorted(dev_rows.items())[-30:]:
-            lines.append(f"| {s} | {_fmt(d.get('loss'), '.3f')} | {_fmt(d.get('accuracy'), '.3f')} | "
-                         f"{_fmt(d.get('ppl'), '.2f')} | {_fmt(d.get('bleu'), '.2f')} |")
+            lines.append(
+                f"| {s} | {_fmt(d.get('loss'), '.3f')} | {_fmt(d.get('accuracy'), '.3f')} | "
+                f"{_fmt(d.get('ppl'), '.2f')} | {_fmt(d.get('bleu'), '.2f')} |"
+            )
         lines.append("")
 
     changes_file = config_changes_path(workdir)
     if changes_file.is_file():
-        lines += ["## Config changes on resume", "", "| at step | key | saved | new |",
-                  "|---|---|---|---|"]
+        lines += [
+            "## Config changes on resume",
+            "",
+            "| at step | key | saved | new |",
+            "|---|---|---|---|",
+        ]
         for line in changes_file.read_text(encoding="utf-8").splitlines():
             c = json.loads(line)
             lines.append(f"| {c['step']} | `{c['key']}` | {c['saved']!r} | {c['new']!r} |")
         lines.append("")
 
-    files = [("config.yaml", "resolved config"), ("config_changes.jsonl", "changes on resume"), ("spm.model", "SentencePiece model"),
-             ("checkpoints", "orbax checkpoints"), ("metrics.jsonl", "metrics, one JSON object per line"),
-             ("tensorboard", "TensorBoard event files"), ("test.hyp", "test hypotheses"),
-             ("test.json", "test scores, signatures, timings, examples"),
-             ("curves.png", "training curves (seq2seq-plot)"), ("train.log", "the log")]
+    files = [
+        ("config.yaml", "resolved config"),
+        ("config_changes.jsonl", "changes on resume"),
+        ("spm.model", "SentencePiece model"),
+        ("checkpoints", "orbax checkpoints"),
+        ("metrics.jsonl", "metrics, one JSON object per line"),
+        ("tensorboard", "TensorBoard event files"),
+        ("test.hyp", "test hypotheses"),
+        ("test.json", "test scores, signatures, timings, examples"),
+        ("curves.png", "training curves (seq2seq-plot)"),
+        ("train.log", "the log"),
+    ]
     lines += ["## Files", "", "| file | what |", "|---|---|"]
     lines += [f"| `{name}` | {what} |" for name, what in files if (workdir / name).exists()] + [""]
 
     if summary.get("examples"):
         lines += ["## Examples (test)", ""]
         for ex in summary["examples"]:
-            lines += [f"- SRC {ex['source']}", f"  REF {ex['reference']}", f"  HYP {ex['hypothesis']}"]
+            lines += [
+                f"- SRC {ex['source']}",
+                f"  REF {ex['reference']}",
+                f"  HYP {ex['hypothesis']}",
+            ]
         lines.append("")
-    lines += ["## Config", "", "```yaml", yaml.safe_dump(to_dict(config), sort_keys=False).rstrip(),
-              "```", ""]
+    lines += [
+        "## Config",
+        "",
+        "```yaml",
+        yaml.safe_dump(to_dict(config), sort_keys=False).rstrip(),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 

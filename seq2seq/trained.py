@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -23,7 +24,9 @@ from seq2seq.workdir import checkpoint_dir, checkpoint_steps, config_path
 log = logging.getLogger(__name__)
 
 
-def load_trained(workdir: str | Path, step: int | None = None) -> tuple[Config, TokenizerPair, Any, Any]:
+def load_trained(
+    workdir: str | Path, step: int | None = None
+) -> tuple[Config, TokenizerPair, Any, Any]:
     """Load a run's config, tokenizer and parameters for translation/evaluation.
 
     Args:
@@ -41,8 +44,9 @@ def load_trained(workdir: str | Path, step: int | None = None) -> tuple[Config, 
     if not config_path(workdir).is_file():
         raise FileNotFoundError(f"{workdir} is not a run directory (no config.yaml)")
     config = load_config(config_path(workdir))
-    tokenizer = load_pair(config.tokenizer, workdir, src_lang=config.data.src_lang,
-                          tgt_lang=config.data.tgt_lang)
+    tokenizer = load_pair(
+        config.tokenizer, workdir, src_lang=config.data.src_lang, tgt_lang=config.data.tgt_lang
+    )
     graphdef, abstract_state = abstract_train_state(config)
     checkpointer = Checkpointer(checkpoint_dir(workdir), async_save=False)
     try:
@@ -67,8 +71,14 @@ def default_step(checkpointer: Checkpointer, config: Config) -> int | None:
     return best if best in checkpointer.all_steps() else latest
 
 
-def average_checkpoints(workdir: str | Path, output: str | Path, *, steps: Sequence[int] | None = None,
-                        last: int | None = None, overwrite: bool = False) -> tuple[Path, list[int]]:
+def average_checkpoints(
+    workdir: str | Path,
+    output: str | Path,
+    *,
+    steps: Sequence[int] | None = None,
+    last: int | None = None,
+    overwrite: bool = False,
+) -> tuple[Path, list[int]]:
     """Average the parameters of several checkpoints into a new run directory.
 
     The mean is taken elementwise in float64 and stored in the parameters' dtype. ``output``
@@ -106,17 +116,23 @@ def average_checkpoints(workdir: str | Path, output: str | Path, *, steps: Seque
         if last < 1:
             raise ValueError(f"--last must be >= 1, got {last}")
         if last > len(available):
-            raise ValueError(f"asked for the last {last} checkpoints but {checkpoint_dir(workdir)} "
-                             f"has {len(available)}: {available}")
+            raise ValueError(
+                f"asked for the last {last} checkpoints but {checkpoint_dir(workdir)} "
+                f"has {len(available)}: {available}"
+            )
         steps = available[-last:]
     assert steps is not None  # exactly one of steps and last was given
     steps = sorted(set(int(s) for s in steps))
     missing = [s for s in steps if s not in available]
     if not steps or missing:
-        raise ValueError(f"no checkpoint of step(s) {missing} in {checkpoint_dir(workdir)}; "
-                         f"available: {available}")
+        raise ValueError(
+            f"no checkpoint of step(s) {missing} in {checkpoint_dir(workdir)}; "
+            f"available: {available}"
+        )
     if checkpoint_steps(output) and not overwrite:
-        raise FileExistsError(f"{output} already holds checkpoints; choose another output or overwrite")
+        raise FileExistsError(
+            f"{output} already holds checkpoints; choose another output or overwrite"
+        )
 
     config = load_config(config_path(workdir))
     _, abstract = abstract_train_state(config)
@@ -139,8 +155,9 @@ def average_checkpoints(workdir: str | Path, output: str | Path, *, steps: Seque
     if overwrite and checkpoint_dir(output).exists():
         shutil.rmtree(checkpoint_dir(output))
     save_config(replace(config, workdir=str(output)), config_path(output))
-    for stem in dict.fromkeys(model_names(config.tokenizer, config.data.src_lang,
-                                          config.data.tgt_lang)):  # joint: one; else one per side
+    for stem in dict.fromkeys(
+        model_names(config.tokenizer, config.data.src_lang, config.data.tgt_lang)
+    ):  # joint: one; else one per side
         for name in (f"{stem}.model", f"{stem}.json"):
             if (workdir / name).is_file():
                 shutil.copy2(workdir / name, output / name)
@@ -153,5 +170,7 @@ def average_checkpoints(workdir: str | Path, output: str | Path, *, steps: Seque
         f"# Checkpoint average\n\nParameters: elementwise mean of checkpoints {steps} of "
         f"`{workdir}` (optimizer state, RNG and step from checkpoint {steps[-1]}).\n\n"
         f"Use it with `seq2seq-translate --workdir {output}` or "
-        f"`seq2seq-evaluate --workdir {output}`.\n", encoding="utf-8")
+        f"`seq2seq-evaluate --workdir {output}`.\n",
+        encoding="utf-8",
+    )
     return output, steps

@@ -1,4 +1,5 @@
-"""Translate many sentences: tokenize, batch by token budget in length buckets, decode, restore order.
+"""Translate many sentences: tokenize, batch by token budget in length buckets, decode, restore
+order.
 
 Lines are tokenized, sorted by length and cut into batches of at most ``max_tokens`` source
 tokens whose width is one of a few ``BUCKETS`` (and whose row count is a power of two or the
@@ -15,8 +16,9 @@ device by default): sentences split over ``data × fsdp``, parameters placed by 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -24,8 +26,15 @@ from tqdm.auto import tqdm
 
 from seq2seq.config import DecodeConfig
 from seq2seq.data.tokenizer import Tokenizer, TokenizerPair
-from seq2seq.decoding import (LENGTH_PENALTIES, beam_search_jit, check_sampling,
-                              greedy_search_jit, length_penalty, sample_jit, sentence_keys)
+from seq2seq.decoding import (
+    LENGTH_PENALTIES,
+    beam_search_jit,
+    check_sampling,
+    greedy_search_jit,
+    length_penalty,
+    sample_jit,
+    sentence_keys,
+)
 from seq2seq.sharding import Partitioner
 
 log = logging.getLogger(__name__)
@@ -71,11 +80,15 @@ def check_decode_config(config: DecodeConfig) -> None:
     if config.alpha < 0:
         problems.append(f"decode.alpha must be ≥ 0, got {config.alpha}")
     if config.length_penalty not in LENGTH_PENALTIES:
-        problems.append(f"decode.length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, "
-                        f"got {config.length_penalty!r}")
+        problems.append(
+            f"decode.length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, "
+            f"got {config.length_penalty!r}"
+        )
     if config.max_len_a < 0 or config.max_len_b < 1:
-        problems.append(f"decode.max_len_a must be ≥ 0 and decode.max_len_b ≥ 1, got "
-                        f"{config.max_len_a} and {config.max_len_b}")
+        problems.append(
+            f"decode.max_len_a must be ≥ 0 and decode.max_len_b ≥ 1, got "
+            f"{config.max_len_a} and {config.max_len_b}"
+        )
     if config.min_length < 0:
         problems.append(f"decode.min_length must be ≥ 0, got {config.min_length}")
     if config.max_tokens < 1:
@@ -108,10 +121,17 @@ class Translator:
         ``on_long``.
     """
 
-    def __init__(self, graphdef: Any, params: Any, tokenizer: Tokenizer | TokenizerPair,
-                 config: DecodeConfig,
-                 max_src_len: int = 256, *, on_long: str = "truncate",
-                 partitioner: Partitioner | None = None):
+    def __init__(
+        self,
+        graphdef: Any,
+        params: Any,
+        tokenizer: Tokenizer | TokenizerPair,
+        config: DecodeConfig,
+        max_src_len: int = 256,
+        *,
+        on_long: str = "truncate",
+        partitioner: Partitioner | None = None,
+    ):
         check_decode_config(config)
         if max_src_len < 2:
             raise ValueError(f"max_src_len must be ≥ 2 (a token and EOS), got {max_src_len}")
@@ -124,8 +144,14 @@ class Translator:
         self.params = self.partitioner.place(params)
         self._compiled: dict[tuple, Any] = {}  # one executable per search and its options
 
-    def translate(self, lines: Sequence[str], *, nbest: int = 1, progress: bool = False,
-                  source: str | None = None) -> list[list[Hypothesis]]:
+    def translate(
+        self,
+        lines: Sequence[str],
+        *,
+        nbest: int = 1,
+        progress: bool = False,
+        source: str | None = None,
+    ) -> list[list[Hypothesis]]:
         """Translate ``lines`` (one sentence each), returning results in input order.
 
         Args:
@@ -158,17 +184,22 @@ class Translator:
             if len(x) > self.max_src_len:
                 too_long.append((i, len(x)))
                 if self.on_long == "truncate":
-                    log.warning("%s: %d tokens, truncated to %d",
-                                f"{source}:{i + 1}" if source else f"line {i + 1}", len(x),
-                                self.max_src_len)
+                    log.warning(
+                        "%s: %d tokens, truncated to %d",
+                        f"{source}:{i + 1}" if source else f"line {i + 1}",
+                        len(x),
+                        self.max_src_len,
+                    )
                     x = np.concatenate([x[: self.max_src_len - 1], [tok.eos_id]]).astype(np.int32)
             todo.append((len(x), i, x))
         if too_long and self.on_long == "reject":
             named = ", ".join(f"line {i + 1} ({n} tokens)" for i, n in too_long[:10])
             more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
-            raise ValueError(f"{source + ': ' if source else ''}{len(too_long)} line(s) "
-                             "longer than the limit of "
-                             f"{self.max_src_len} tokens: {named}{more}")
+            raise ValueError(
+                f"{source + ': ' if source else ''}{len(too_long)} line(s) "
+                "longer than the limit of "
+                f"{self.max_src_len} tokens: {named}{more}"
+            )
         todo.sort(key=lambda t: (t[0], t[1]))
         shards = self.partitioner.batch_shards  # whole rows per device
         bar = tqdm(total=len(todo), desc="translate", unit="sent", disable=not progress)
@@ -176,7 +207,7 @@ class Translator:
         while start < len(todo):
             width = bucket_length(todo[start][0], self.max_src_len)
             budget = max(1, cfg.max_tokens // width)
-            chunk = [t for t in todo[start:start + budget] if t[0] <= width]
+            chunk = [t for t in todo[start : start + budget] if t[0] <= width]
             start += len(chunk)
             # the full budget, or the next power of two for a smaller (last) chunk
             rows = min(budget, 1 << (len(chunk) - 1).bit_length())
@@ -212,14 +243,28 @@ class Translator:
         max_len = int(cfg.max_len_a * width + cfg.max_len_b)
         max_lengths = np.minimum(np.ceil(cfg.max_len_a * lengths + cfg.max_len_b), max_len)
         inputs = [src, (src != tok.pad_id).astype(np.int32), max_lengths.astype(np.int32)]
-        common = dict(graphdef=self.graphdef, max_len=max_len, bos_id=tok.bos_id,
-                      eos_id=tok.eos_id, pad_id=tok.pad_id, min_length=cfg.min_length,
-                      unk_id=-1 if cfg.allow_unk else tok.unk_id)  # never " ⁇ " by default
+        common = dict(
+            graphdef=self.graphdef,
+            max_len=max_len,
+            bos_id=tok.bos_id,
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
+            min_length=cfg.min_length,
+            unk_id=-1 if cfg.allow_unk else tok.unk_id,
+        )  # never " ⁇ " by default
         scoring = dict(alpha=cfg.alpha, length_penalty_kind=cfg.length_penalty)
         if cfg.sampling:
             inputs.append(np.asarray(sentence_keys(cfg.seed, line_ids)))
-            out = self._run(sample_jit, inputs, num_samples=nbest, temperature=cfg.temperature,
-                            top_k=cfg.top_k, top_p=cfg.top_p, **common, **scoring)
+            out = self._run(
+                sample_jit,
+                inputs,
+                num_samples=nbest,
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
+                top_p=cfg.top_p,
+                **common,
+                **scoring,
+            )
             tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
             logprobs, scores = np.asarray(out.logprobs), np.asarray(out.scores)
         elif cfg.beam_size == 1:
@@ -238,6 +283,9 @@ class Translator:
                 if lens[r, j] < 1:  # an empty n-best slot (fewer hypotheses than nbest exist)
                     continue
                 body = tuple(int(t) for t in tokens[r, j, : lens[r, j] - 1])
-                hyps.append(Hypothesis(tok.decode([body])[0], body, float(logprobs[r, j]),
-                                       float(scores[r, j])))
+                hyps.append(
+                    Hypothesis(
+                        tok.decode([body])[0], body, float(logprobs[r, j]), float(scores[r, j])
+                    )
+                )
             results[i] = hyps

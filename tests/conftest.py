@@ -6,8 +6,9 @@ import os
 # about twice as fast without LLVM's optimisation passes (the same XLA programs, less tuned
 # machine code). Set before jax starts its backend; an explicit level in XLA_FLAGS wins.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_backend_optimization_level=0").strip()
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+    ).strip()
 
 import gzip  # noqa: E402  (after the XLA flag)
 from pathlib import Path
@@ -29,21 +30,34 @@ def write_split(directory: Path, name: str, start: int, count: int) -> str:
     returns the path prefix (a ``text`` source's ``path``)."""
     for lang in ("en", "es"):
         with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            lines = f.read().split("\n")[start:start + count]
+            lines = f.read().split("\n")[start : start + count]
         (directory / f"{name}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return str(directory / name)
 
 
 def tiny_config(**changes) -> ModelConfig:
-    base = dict(vocab_size=40, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
-                d_ff=64, dropout_rate=0.0)
+    base = dict(
+        vocab_size=40,
+        d_model=32,
+        num_heads=4,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        d_ff=64,
+        dropout_rate=0.0,
+    )
     base.update(changes)
     return ModelConfig(**base)
 
 
 def random_pairs(n, rng, lo=2, hi=9, vocab=40):
-    src = [np.append(rng.integers(4, vocab, rng.integers(lo, hi)), EOS).astype(np.int32) for _ in range(n)]
-    tgt = [np.append(rng.integers(4, vocab, rng.integers(lo, hi)), EOS).astype(np.int32) for _ in range(n)]
+    src = [
+        np.append(rng.integers(4, vocab, rng.integers(lo, hi)), EOS).astype(np.int32)
+        for _ in range(n)
+    ]
+    tgt = [
+        np.append(rng.integers(4, vocab, rng.integers(lo, hi)), EOS).astype(np.int32)
+        for _ in range(n)
+    ]
     return src, tgt
 
 
@@ -57,7 +71,9 @@ def packed_batch(src, tgt, max_len, num_rows):
     tgt_len = np.array([len(x) for x in tgt])
     rows = pack(src_len, tgt_len, np.arange(len(src)), max_len)
     assert len(rows) <= num_rows
-    return {k: jnp.asarray(v) for k, v in make_batch(rows, src, tgt, num_rows, max_len).items()}, rows
+    return {
+        k: jnp.asarray(v) for k, v in make_batch(rows, src, tgt, num_rows, max_len).items()
+    }, rows
 
 
 @pytest.fixture

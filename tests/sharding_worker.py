@@ -26,15 +26,25 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import BOS, packed_batch, random_pairs, tiny_config  # noqa: E402
 
-from seq2seq.config import (Config, DecodeConfig, DistributedConfig, MeshConfig,  # noqa: E402
-                            TrainConfig)
+from seq2seq.config import (
+    Config,
+    DecodeConfig,
+    DistributedConfig,
+    MeshConfig,  # noqa: E402
+    TrainConfig,
+)
 from seq2seq.model import build_model  # noqa: E402
 from seq2seq.sharding import Partitioner, initialize_distributed, make_mesh  # noqa: E402
 from seq2seq.training.checkpoints import Checkpointer  # noqa: E402
-from seq2seq.training.step import (create_train_state, make_eval_step,  # noqa: E402
-                                   make_optimizer, make_train_step, sharded_train_step)
+from seq2seq.training.step import (
+    abstract_train_state,  # noqa: E402
+    create_train_state,
+    make_eval_step,  # noqa: E402
+    make_optimizer,
+    make_train_step,
+    sharded_train_step,
+)
 from seq2seq.translation import Translator  # noqa: E402
-from seq2seq.training.step import abstract_train_state  # noqa: E402
 
 MESHES = ((8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 8))
 STEPS = 3
@@ -48,8 +58,20 @@ MODEL = tiny_config(num_heads=8, num_encoder_layers=1, num_decoder_layers=1, dro
 # depends on the summation order. With eps=1e-4 an update is a smooth function of the gradient.
 TRAIN = TrainConfig(learning_rate=3e-3, warmup_steps=2, eps=1e-4)
 CONFIG = Config(model=MODEL, train=TRAIN)
-SENTENCES = ["hello world", "a", "the quick fox", "sharding is fun", "over the dog", "tensor",
-             "x y z", "data", "fully sharded", "beams", "one more line", "end"]  # one bucket
+SENTENCES = [
+    "hello world",
+    "a",
+    "the quick fox",
+    "sharding is fun",
+    "over the dog",
+    "tensor",
+    "x y z",
+    "data",
+    "fully sharded",
+    "beams",
+    "one more line",
+    "end",
+]  # one bucket
 
 
 def _batch() -> dict[str, np.ndarray]:
@@ -70,13 +92,17 @@ def _host(tree):
 
 
 def _flat(tree) -> dict[str, np.ndarray]:
-    return {jax.tree_util.keystr(k): np.asarray(v)
-            for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return {
+        jax.tree_util.keystr(k): np.asarray(v)
+        for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
 
 
 def _max_diff(a, b) -> float:
-    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return max(
+        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
 
 
 def _run(step_fn, state, put, steps=STEPS, on_step=None):
@@ -110,12 +136,15 @@ def _gradients(record) -> list:
 
 def _compare(ref, got) -> dict:
     g_ref, g_got = _gradients(ref), _gradients(got)
-    return {"loss": got["loss"], "grad_norm": got["grad_norm"],
-            "grad_diff": max(_max_diff(a, b) for a, b in zip(g_ref, g_got)),
-            "grad_scale": max(float(np.max(np.abs(x))) for x in jax.tree.leaves(g_ref[-1])),
-            "param_diff": max(_max_diff(a, b) for a, b in zip(ref["params"], got["params"])),
-            "param_change": _max_diff(ref["params"][-1], ref["params"][0]),
-            "moment_diff": max(_max_diff(a, b) for a, b in zip(ref["nu"], got["nu"]))}
+    return {
+        "loss": got["loss"],
+        "grad_norm": got["grad_norm"],
+        "grad_diff": max(_max_diff(a, b) for a, b in zip(g_ref, g_got)),
+        "grad_scale": max(float(np.max(np.abs(x))) for x in jax.tree.leaves(g_ref[-1])),
+        "param_diff": max(_max_diff(a, b) for a, b in zip(ref["params"], got["params"])),
+        "param_change": _max_diff(ref["params"][-1], ref["params"][0]),
+        "moment_diff": max(_max_diff(a, b) for a, b in zip(ref["nu"], got["nu"])),
+    }
 
 
 class CharTokenizer:
@@ -124,8 +153,9 @@ class CharTokenizer:
     pad_id, unk_id, bos_id, eos_id = 0, 1, BOS, 3
 
     def encode(self, lines):
-        return [np.array([4 + ord(c) % 36 for c in line] + [self.eos_id], np.int32)
-                for line in lines]
+        return [
+            np.array([4 + ord(c) % 36 for c in line] + [self.eos_id], np.int32) for line in lines
+        ]
 
     def decode(self, ids):
         return [" ".join(map(str, x)) for x in ids]
@@ -133,10 +163,13 @@ class CharTokenizer:
 
 def _translate(graphdef, params, partitioner=None):
     decode = DecodeConfig(beam_size=3, max_tokens=96, max_len_a=1.0, max_len_b=4)
-    translator = Translator(graphdef, params, CharTokenizer(), decode, max_src_len=32,
-                            partitioner=partitioner)
-    return [[{"tokens": list(h.tokens), "score": h.score} for h in hyps]
-            for hyps in translator.translate(SENTENCES, nbest=3)]
+    translator = Translator(
+        graphdef, params, CharTokenizer(), decode, max_src_len=32, partitioner=partitioner
+    )
+    return [
+        [{"tokens": list(h.tokens), "score": h.score} for h in hyps]
+        for hyps in translator.translate(SENTENCES, nbest=3)
+    ]
 
 
 def _spec(x) -> list:
@@ -150,13 +183,16 @@ def meshes(out: Path) -> None:
     batch = _batch()
     result = {"meshes": {}}
 
-    ref_state, ref = _run(jax.jit(make_train_step(**kw), donate_argnums=0),
-                          jax.device_put(host0, jax.devices()[0]),
-                          lambda b: jax.device_put(b, jax.devices()[0]))
+    ref_state, ref = _run(
+        jax.jit(make_train_step(**kw), donate_argnums=0),
+        jax.device_put(host0, jax.devices()[0]),
+        lambda b: jax.device_put(b, jax.devices()[0]),
+    )
     result["reference"] = {"loss": ref["loss"], "grad_norm": ref["grad_norm"]}
     np.savez(out / "reference.npz", **_flat(ref_state.params))
-    ref_eval = jax.device_get(jax.jit(make_eval_step(graphdef, bos_id=BOS, label_smoothing=0.1))(
-        ref_state.params, batch))
+    ref_eval = jax.device_get(
+        jax.jit(make_eval_step(graphdef, bos_id=BOS, label_smoothing=0.1))(ref_state.params, batch)
+    )
     result["reference"]["eval"] = {k: float(v) for k, v in ref_eval.items()}
     result["reference"]["translations"] = _translate(graphdef, _host(ref_state.params))
 
@@ -176,16 +212,19 @@ def meshes(out: Path) -> None:
         r = _compare(ref, got)
         params, mu = state.params, state.opt_state[1][0].mu
         layer = params["decoder_layers"][0]
-        arrays = {"embedding": params["embed"]["embedding"],
-                  "query_kernel": layer["self_attention"]["query"]["kernel"],
-                  "out_kernel": layer["self_attention"]["out"]["kernel"],
-                  "wi_kernel": layer["ffn"]["wi"]["kernel"],
-                  "wo_kernel": layer["ffn"]["wo"]["kernel"],
-                  "wi_bias": layer["ffn"]["wi"]["bias"],
-                  "norm_scale": params["decoder_norm"]["scale"],
-                  "mu_embedding": mu["embed"]["embedding"],
-                  "mu_wi_kernel": mu["decoder_layers"][0]["ffn"]["wi"]["kernel"],
-                  "step": state.step, "rng": state.rng}
+        arrays = {
+            "embedding": params["embed"]["embedding"],
+            "query_kernel": layer["self_attention"]["query"]["kernel"],
+            "out_kernel": layer["self_attention"]["out"]["kernel"],
+            "wi_kernel": layer["ffn"]["wi"]["kernel"],
+            "wo_kernel": layer["ffn"]["wo"]["kernel"],
+            "wi_bias": layer["ffn"]["wi"]["bias"],
+            "norm_scale": params["decoder_norm"]["scale"],
+            "mu_embedding": mu["embed"]["embedding"],
+            "mu_wi_kernel": mu["decoder_layers"][0]["ffn"]["wi"]["kernel"],
+            "step": state.step,
+            "rng": state.rng,
+        }
         r["specs"] = {k: _spec(v) for k, v in arrays.items()}
         r["shard_shapes"] = {k: list(v.addressable_shards[0].data.shape) for k, v in arrays.items()}
         r["global_shapes"] = {k: list(v.shape) for k, v in arrays.items()}
@@ -194,11 +233,16 @@ def meshes(out: Path) -> None:
             # the loop's path: sharded init (each device builds its shards) and sharded eval
             init = p.init_state(
                 lambda: create_train_state(build_model(MODEL, 0), make_optimizer(TRAIN), 0)[1],
-                abstract)
+                abstract,
+            )
             r["init_diff"] = _max_diff(init, host0)
             r["init_spec_embedding"] = _spec(init.params["embed"]["embedding"])
-            eval_step = make_eval_step(graphdef, bos_id=BOS, label_smoothing=0.1,
-                                       param_layout=p.compute_layout(shardings.params))
+            eval_step = make_eval_step(
+                graphdef,
+                bos_id=BOS,
+                label_smoothing=0.1,
+                param_layout=p.compute_layout(shardings.params),
+            )
             ev = p.jit(eval_step, shardings.params)(state.params, p.shard_batch(batch))
             r["eval"] = {k: float(v) for k, v in jax.device_get(ev).items()}
             r["translations"] = _translate(graphdef, _host(ref_state.params), p)
@@ -223,18 +267,30 @@ def continue_on_one_device(out: Path) -> None:
         state, m = fn(state, batch)
     m = jax.device_get(m)
     np.savez(out / "continued.npz", **_flat(state.params))
-    (out / "continue.json").write_text(json.dumps({
-        "restored_step": restored_step, "meta": meta, "step": int(state.step),
-        "loss": float(m["loss"] / m["tokens"]),
-        "devices": [str(d) for d in state.params["embed"]["embedding"].devices()]}))
+    (out / "continue.json").write_text(
+        json.dumps(
+            {
+                "restored_step": restored_step,
+                "meta": meta,
+                "step": int(state.step),
+                "loss": float(m["loss"] / m["tokens"]),
+                "devices": [str(d) for d in state.params["embed"]["embedding"].devices()],
+            }
+        )
+    )
 
 
 def multiprocess(out: Path, process_id: int, num_processes: int, port: int) -> None:
     """One of ``num_processes`` processes on localhost, each with 2 CPU devices; mesh (1,2,2)
     puts fsdp across the processes and tensor within each."""
-    initialize_distributed(DistributedConfig(coordinator_address=f"127.0.0.1:{port}",
-                                             num_processes=num_processes, process_id=process_id,
-                                             initialization_timeout=120))
+    initialize_distributed(
+        DistributedConfig(
+            coordinator_address=f"127.0.0.1:{port}",
+            num_processes=num_processes,
+            process_id=process_id,
+            initialization_timeout=120,
+        )
+    )
     from jax.experimental import multihost_utils
 
     assert jax.process_count() == num_processes and jax.local_device_count() == 2
@@ -254,9 +310,14 @@ def multiprocess(out: Path, process_id: int, num_processes: int, port: int) -> N
     ck.close()
     params = multihost_utils.process_allgather(state.params, tiled=True)
     rows = p.process_rows(len(batch["src"])).tolist()
-    record = {"process": jax.process_index(), "losses": losses, "rows": rows,
-              "local_shard_shape": list(state.params["embed"]["embedding"]
-                                        .addressable_shards[0].data.shape)}
+    record = {
+        "process": jax.process_index(),
+        "losses": losses,
+        "rows": rows,
+        "local_shard_shape": list(
+            state.params["embed"]["embedding"].addressable_shards[0].data.shape
+        ),
+    }
     (out / f"multiprocess_{process_id}.json").write_text(json.dumps(record))
     if process_id == 0:
         np.savez(out / "multiprocess.npz", **_flat(params))
@@ -272,7 +333,7 @@ def loop(overrides: list[str]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["loop"]:
-        loop(sys.argv[sys.argv.index("--") + 1:])
+        loop(sys.argv[sys.argv.index("--") + 1 :])
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["meshes", "continue", "multiprocess"])
     parser.add_argument("--out", type=Path, required=True)

@@ -6,14 +6,13 @@ import struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from conftest import tiny_config
+
 from seq2seq import cli
 from seq2seq.config import Config, load_config, save_config
 from seq2seq.model import build_model
 from seq2seq.training.checkpoints import Checkpointer
-from seq2seq.training.step import create_train_state, make_optimizer
-from seq2seq.training.step import abstract_train_state
+from seq2seq.training.step import abstract_train_state, create_train_state, make_optimizer
 from seq2seq.workdir import checkpoint_dir, config_path
 
 
@@ -45,7 +44,9 @@ def _restore(workdir, config, step=None):
 def test_average_of_two_checkpoints_is_the_elementwise_mean(tmp_path, capsys):
     workdir, config, states = _run_dir(tmp_path, {10: 1, 20: 2, 30: 3})
     out = tmp_path / "avg"
-    assert cli.average_main(["--workdir", str(workdir), "--steps", "10,30", "--output", str(out)]) == 0
+    assert (
+        cli.average_main(["--workdir", str(workdir), "--steps", "10,30", "--output", str(out)]) == 0
+    )
     assert "averaged checkpoints [10, 30]" in capsys.readouterr().out
     avg_config = load_config(config_path(out))
     assert avg_config.workdir == str(out) and avg_config.model == config.model
@@ -69,8 +70,12 @@ def test_average_of_two_checkpoints_is_the_elementwise_mean(tmp_path, capsys):
     assert meta["averaged_from"] == [20, 30]
     assert cli.average_main(["--workdir", str(workdir), "--last", "2"]) == 2
     assert "already holds checkpoints" in capsys.readouterr().err
-    assert cli.average_main(["--workdir", str(workdir), "--steps", "10,15", "--output",
-                             str(tmp_path / "x")]) == 2
+    assert (
+        cli.average_main(
+            ["--workdir", str(workdir), "--steps", "10,15", "--output", str(tmp_path / "x")]
+        )
+        == 2
+    )
     assert "no checkpoint of step(s) [15]" in capsys.readouterr().err
     # the source run is untouched
     assert Checkpointer(checkpoint_dir(workdir)).all_steps() == [10, 20, 30]
@@ -79,11 +84,27 @@ def test_average_of_two_checkpoints_is_the_elementwise_mean(tmp_path, capsys):
 def test_plot_writes_a_png_with_all_curves(tmp_path, capsys):
     records = []
     for step in range(10, 110, 10):
-        records.append({"step": step, "split": "train", "time": 0.0, "loss": 5.0 - step / 50,
-                        "learning_rate": 1e-3 * min(step / 40, (40 / step) ** 0.5), "grad_norm": 1.0})
+        records.append(
+            {
+                "step": step,
+                "split": "train",
+                "time": 0.0,
+                "loss": 5.0 - step / 50,
+                "learning_rate": 1e-3 * min(step / 40, (40 / step) ** 0.5),
+                "grad_norm": 1.0,
+            }
+        )
         if step % 50 == 0:
-            records.append({"step": step, "split": "dev", "time": 0.0, "loss": 4.0 - step / 100,
-                            "nll": 3.5, "bleu": step / 10})
+            records.append(
+                {
+                    "step": step,
+                    "split": "dev",
+                    "time": 0.0,
+                    "loss": 4.0 - step / 100,
+                    "nll": 3.5,
+                    "bleu": step / 10,
+                }
+            )
     records.append({"step": 100, "split": "test", "time": 0.0, "bleu": 9.5})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert cli.plot_main(["--workdir", str(tmp_path)]) == 0

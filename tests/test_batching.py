@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from conftest import random_pairs
+
 from seq2seq.data.batching import FIELDS, PackedBatches, make_batch, pack, real_token_share
 
 
@@ -102,17 +102,18 @@ def test_positions_restart_and_masks_stay_inside_each_segment():
     np.testing.assert_array_equal(cross, (seg[:, :, None] == ss[:, None, :]) & (ss[:, None, :] > 0))
     # no query ever sees a key of another pair
     for m, q, k in ((enc, ss, ss), (dec, seg, seg), (cross, seg, ss)):
-        other = (q[:, :, None] != k[:, None, :])
+        other = q[:, :, None] != k[:, None, :]
         assert not (m & other).any()
 
 
 def test_packed_loss_equals_unpacked_loss_of_the_same_pairs():
+    import jax
     import jax.numpy as jnp
+    from conftest import BOS, tiny_config
     from flax import nnx
 
-    from conftest import BOS, tiny_config
     from seq2seq.model import build_model
-    from seq2seq.training.step import eval_step
+    from seq2seq.training.step import make_eval_step
 
     src, tgt = random_pairs(24, np.random.default_rng(5), hi=9)
     graphdef, params = nnx.split(build_model(tiny_config(), seed=3), nnx.Param)
@@ -120,11 +121,12 @@ def test_packed_loss_equals_unpacked_loss_of_the_same_pairs():
     assert packed.batches_in_epoch(0) < 24 // 4  # several pairs share rows
     unpacked = PackedBatches(src, tgt, max_len=32, rows=4, seed=0, shuffle=False, packing=False)
 
+    eval_step = jax.jit(make_eval_step(graphdef, bos_id=BOS, label_smoothing=0.1))
+
     def totals(batches):
         out = np.zeros(4)
         for b in batches:
-            m = eval_step(params, {k: jnp.asarray(v) for k, v in b.items()}, graphdef=graphdef,
-                          bos_id=BOS, label_smoothing=0.1)
+            m = eval_step(params, {k: jnp.asarray(v) for k, v in b.items()})
             out += [float(m[k]) for k in ("loss", "nll", "correct", "tokens")]
         return out
 
@@ -151,8 +153,10 @@ def test_process_shares_partition_every_global_batch(rows, count):
     pb = PackedBatches(src, tgt, max_len=24, rows=rows, seed=1)
     for step in (0, 5, pb.batches_in_epoch(0), pb.batches_in_epoch(0) + 1):
         full = pb.batch_at(step)
-        shares = [PackedBatches(src, tgt, max_len=24, rows=rows, seed=1).batch_at(step, i, count)
-                  for i in range(count)]
+        shares = [
+            PackedBatches(src, tgt, max_len=24, rows=rows, seed=1).batch_at(step, i, count)
+            for i in range(count)
+        ]
         for key in FIELDS:
             assert all(s[key].shape == (rows // count, 24) for s in shares)
             np.testing.assert_array_equal(np.concatenate([s[key] for s in shares]), full[key])

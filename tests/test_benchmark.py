@@ -15,26 +15,84 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 TRAIN_FIELDS = (
-    "model", "parameters", "matmul_parameters", "batch_shape", "step_seconds", "tokens_per_second",
-    "target_tokens_per_second", "real_target_tokens_per_second", "compile_seconds", "compilations",
-    "model_flops_per_step", "model_flops_breakdown", "xla_flops_per_step", "xla_over_model_flops",
-    "achieved_gflops_per_second", "peak_gflops_per_second", "mfu", "config")
+    "model",
+    "parameters",
+    "matmul_parameters",
+    "batch_shape",
+    "step_seconds",
+    "tokens_per_second",
+    "target_tokens_per_second",
+    "real_target_tokens_per_second",
+    "compile_seconds",
+    "compilations",
+    "model_flops_per_step",
+    "model_flops_breakdown",
+    "xla_flops_per_step",
+    "xla_over_model_flops",
+    "achieved_gflops_per_second",
+    "peak_gflops_per_second",
+    "mfu",
+    "config",
+)
 FIXED_TRAIN_FIELDS = ("goal_mfu", "goal_met")
-PIPELINE_FIELDS = ("batches_checked", "distinct_batch_shapes", "real_token_share",
-                   "epoch_real_token_share", "host_batch_seconds", "goal_met")
-TEST_DECODE_FIELDS = ("sentences", "beam_size", "seconds", "compile_seconds", "compilations",
-                      "seconds_with_compile", "sentences_per_second", "output_tokens_per_second",
-                      "mean_output_tokens")
-KV_FIELDS = ("kv_cache_seconds", "no_cache_seconds", "speedup", "same_output_share",
-             "kv_cache_compilations_while_timed", "no_cache_compilations_while_timed")
-FIXED_DECODE_FIELDS = ("sentences", "sentences_per_second", "compile_seconds", "eos_suppressed",
-                       "all_outputs_exact_length", "beam_size")
-DATA_FIELDS = ("time_to_first_batch_new_run_seconds", "time_to_first_batch_cached_seconds",
-               "tokenize_sentences_per_second", "tokenize_sentences")
-MEMORY_FIELDS = ("phase", "baseline_rss_bytes", "setup_rss_bytes", "peak_rss_bytes",
-                 "device_memory")
-MACHINE_FIELDS = ("cpu", "cpu_count", "jax", "backend", "device_kind", "dtype",
-                  "load_average_start", "load_average_end")
+PIPELINE_FIELDS = (
+    "batches_checked",
+    "distinct_batch_shapes",
+    "real_token_share",
+    "epoch_real_token_share",
+    "host_batch_seconds",
+    "goal_met",
+)
+TEST_DECODE_FIELDS = (
+    "sentences",
+    "beam_size",
+    "seconds",
+    "compile_seconds",
+    "compilations",
+    "seconds_with_compile",
+    "sentences_per_second",
+    "output_tokens_per_second",
+    "mean_output_tokens",
+)
+KV_FIELDS = (
+    "kv_cache_seconds",
+    "no_cache_seconds",
+    "speedup",
+    "same_output_share",
+    "kv_cache_compilations_while_timed",
+    "no_cache_compilations_while_timed",
+)
+FIXED_DECODE_FIELDS = (
+    "sentences",
+    "sentences_per_second",
+    "compile_seconds",
+    "eos_suppressed",
+    "all_outputs_exact_length",
+    "beam_size",
+)
+DATA_FIELDS = (
+    "time_to_first_batch_new_run_seconds",
+    "time_to_first_batch_cached_seconds",
+    "tokenize_sentences_per_second",
+    "tokenize_sentences",
+)
+MEMORY_FIELDS = (
+    "phase",
+    "baseline_rss_bytes",
+    "setup_rss_bytes",
+    "peak_rss_bytes",
+    "device_memory",
+)
+MACHINE_FIELDS = (
+    "cpu",
+    "cpu_count",
+    "jax",
+    "backend",
+    "device_kind",
+    "dtype",
+    "load_average_start",
+    "load_average_end",
+)
 SPREAD = ("median", "min", "max", "n")
 
 
@@ -47,15 +105,36 @@ def _has(d, keys, where):
 def test_smoke_run_emits_every_field(tmp_path):
     out = tmp_path / "bench.json"
     # Unoptimised XLA code compiles about twice as fast; a smoke run measures nothing.
-    env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0 "
-                                      "--xla_llvm_disable_expensive_passes=true"}
-    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "--smoke", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+    }
+    proc = subprocess.run(
+        [sys.executable, "scripts/benchmark.py", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
 
-    _has(r, ("meta", "peak", "data", "train", "decode", "attention", "memory", "goals",
-             "preset_config"), "top level")
+    _has(
+        r,
+        (
+            "meta",
+            "peak",
+            "data",
+            "train",
+            "decode",
+            "attention",
+            "memory",
+            "goals",
+            "preset_config",
+        ),
+        "top level",
+    )
     _has(r["meta"]["machine"], MACHINE_FIELDS, "meta.machine")
     _has(r["peak"]["gflops_per_second"], SPREAD, "peak")
     _has(r["data"], DATA_FIELDS, "data")
@@ -101,8 +180,9 @@ def test_flop_formula_by_hand():
     from seq2seq.config import ModelConfig
     from seq2seq.model.flops import train_flops_breakdown, train_flops_per_step
 
-    cfg = ModelConfig(vocab_size=100, d_model=8, num_heads=2, num_encoder_layers=2,
-                      num_decoder_layers=1, d_ff=16)
+    cfg = ModelConfig(
+        vocab_size=100, d_model=8, num_heads=2, num_encoder_layers=2, num_decoder_layers=1, d_ff=16
+    )
     b, s, t = 3, 5, 4
     d, f, v = 8, 16, 100
     per_src = 6 * (2 * (4 * d * d + 2 * d * f) + 2 * 2 * s * d + 1 * 2 * d * d)

@@ -3,11 +3,11 @@
 import jax
 import numpy as np
 import pytest
-
 from conftest import tiny_config
+
 from seq2seq.config import TrainConfig
 from seq2seq.model import build_model
-from seq2seq.training.checkpoints import CheckpointError, Checkpointer
+from seq2seq.training.checkpoints import Checkpointer, CheckpointError
 from seq2seq.training.step import create_train_state, make_optimizer
 
 
@@ -29,7 +29,9 @@ def test_save_restore_gives_equal_state(tmp_path):
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     ck.close()
-    assert not list((tmp_path / "ck").rglob("*.pkl")) and not list((tmp_path / "ck").rglob("*.pickle"))
+    assert not list((tmp_path / "ck").rglob("*.pkl")) and not list(
+        (tmp_path / "ck").rglob("*.pickle")
+    )
 
 
 def test_mismatched_architecture_is_a_clear_error(tmp_path):
@@ -46,8 +48,10 @@ def test_mismatched_architecture_is_a_clear_error(tmp_path):
 
 
 def _leaves_equal(a, b):
-    return all(np.array_equal(np.asarray(x), np.asarray(y))
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return all(
+        np.array_equal(np.asarray(x), np.asarray(y))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
 
 
 def test_keeps_last_k_and_the_best_across_reopening(tmp_path):

@@ -15,11 +15,14 @@ def test_yaml_and_overrides(tmp_path):
     assert cfg.model.num_heads == Config().model.num_heads
 
 
-@pytest.mark.parametrize("text,key", [
-    ("model:\n  d_modle: 128\n", "d_modle"),
-    ("train:\n  steps: many\n", "train.steps"),
-    ("data:\n  train:\n    formt: text\n", "formt"),
-])
+@pytest.mark.parametrize(
+    "text,key",
+    [
+        ("model:\n  d_modle: 128\n", "d_modle"),
+        ("train:\n  steps: many\n", "train.steps"),
+        ("data:\n  train:\n    formt: text\n", "formt"),
+    ],
+)
 def test_bad_keys_and_types_are_named(tmp_path, text, key):
     path = tmp_path / "c.yaml"
     path.write_text(text)
@@ -48,9 +51,11 @@ def test_saved_config_round_trips(tmp_path):
 def test_an_override_error_names_the_override_not_the_file(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("model: {d_model: 64}\n")
-    for item, message in (("model.d_modle=64", "Did you mean: 'd_model'"),
-                          ("model.positions=absolute", "model.positions must be one of"),
-                          ("train.steps=abc", "could not be converted to Integer")):
+    for item, message in (
+        ("model.d_modle=64", "Did you mean: 'd_model'"),
+        ("model.positions=absolute", "model.positions must be one of"),
+        ("train.steps=abc", "could not be converted to Integer"),
+    ):
         with pytest.raises(ConfigError) as e:
             load_config(path, [item])
         assert str(e.value).startswith(f"override {item!r}: ") and message in str(e.value)

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_run import ROOT, cli_env, shipped_pairs, write_hub_dataset, xla_flags
 
 from seq2seq.config import load_config
-from tiny_run import ROOT, cli_env, shipped_pairs, write_hub_dataset, xla_flags
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 WMT_PRESETS = ("transformer_base.yaml", "transformer_big.yaml")
@@ -37,9 +37,11 @@ def test_config_loads_and_its_batch_rows_divide_over_the_devices(path):
     rows = config.data.max_tokens // config.data.max_len
     devices = (8, 16, 64, 256) if path.name in WMT_PRESETS else (8,)
     for n in devices:
-        assert rows % n == 0, (f"{path.name}: {rows} rows per batch (max_tokens "
-                               f"{config.data.max_tokens} // max_len {config.data.max_len}) "
-                               f"cannot be split over {n} devices (data × fsdp)")
+        assert rows % n == 0, (
+            f"{path.name}: {rows} rows per batch (max_tokens "
+            f"{config.data.max_tokens} // max_len {config.data.max_len}) "
+            f"cannot be split over {n} devices (data × fsdp)"
+        )
 
 
 # --- the real training command on 8 fake CPU devices ---------------------------------------
@@ -71,10 +73,23 @@ TRAIN_PAIRS = 300
 # decoded (dev BLEU, test) falls in the translator's smallest length bucket, so each search
 # compiles once.
 SHORT_CHARS, DEV_PAIRS, TEST_PAIRS = 14, 8, 8
-SMALL = ["tokenizer.vocab_size=200", "model.d_model=16", "model.num_heads=2", "model.d_ff=32",
-         "model.num_encoder_layers=1", "model.num_decoder_layers=1"]
-SHORT = ["train.steps=1", "train.eval_every=1", "train.checkpoint_every=1", "train.log_every=1",
-         "train.warmup_steps=1", "train.bleu_subset=4", "decode.test_limit=4"]
+SMALL = [
+    "tokenizer.vocab_size=200",
+    "model.d_model=16",
+    "model.num_heads=2",
+    "model.d_ff=32",
+    "model.num_encoder_layers=1",
+    "model.num_decoder_layers=1",
+]
+SHORT = [
+    "train.steps=1",
+    "train.eval_every=1",
+    "train.checkpoint_every=1",
+    "train.log_every=1",
+    "train.warmup_steps=1",
+    "train.bleu_subset=4",
+    "decode.test_limit=4",
+]
 # Compile time dominates these runs: XLA's CPU backend compiles about twice as fast without
 # LLVM's optimization passes (the same programs, only less optimized machine code).
 XLA_FLAGS = xla_flags(8)
@@ -83,11 +98,15 @@ XLA_FLAGS = xla_flags(8)
 def _fixture_pairs() -> dict[str, list[tuple[str, str]]]:
     """Lines of the shipped Tatoeba training split: the first ``TRAIN_PAIRS`` for training,
     short ones after them for dev and test."""
-    short = [p for p in shipped_pairs(TRAIN_PAIRS, 2000)
-             if len(p[0]) <= SHORT_CHARS and p[0].isascii()]
+    short = [
+        p for p in shipped_pairs(TRAIN_PAIRS, 2000) if len(p[0]) <= SHORT_CHARS and p[0].isascii()
+    ]
     assert len(short) >= DEV_PAIRS + TEST_PAIRS
-    return {"train": shipped_pairs(0, TRAIN_PAIRS), "dev": short[:DEV_PAIRS],
-            "test": short[DEV_PAIRS:DEV_PAIRS + TEST_PAIRS]}
+    return {
+        "train": shipped_pairs(0, TRAIN_PAIRS),
+        "dev": short[:DEV_PAIRS],
+        "test": short[DEV_PAIRS : DEV_PAIRS + TEST_PAIRS],
+    }
 
 
 def _data_overrides(path: Path, directory: Path) -> list[str]:
@@ -104,15 +123,20 @@ def _data_overrides(path: Path, directory: Path) -> list[str]:
         for split, split_pairs in pairs.items():
             prefix = directory / "text" / split
             for lang, side in ((d.src_lang, 0), (d.tgt_lang, 1)):
-                Path(f"{prefix}.{lang}").write_text("".join(p[side] + "\n" for p in split_pairs),
-                                                    encoding="utf-8")
+                Path(f"{prefix}.{lang}").write_text(
+                    "".join(p[side] + "\n" for p in split_pairs), encoding="utf-8"
+                )
             paths[split] = str(prefix)
     elif fmt == "hub":
         names = {s.name for s in sources.values()}
         assert len(names) == 1, f"{path.name}: splits of several hub configs {names}"
-        local = write_hub_dataset(directory / "hub", names.pop(),
-                                  {sources[split].split: pairs[split] for split in pairs},
-                                  d.src_lang, d.tgt_lang)  # the config's own split names
+        local = write_hub_dataset(
+            directory / "hub",
+            names.pop(),
+            {sources[split].split: pairs[split] for split in pairs},
+            d.src_lang,
+            d.tgt_lang,
+        )  # the config's own split names
         paths = {split: local for split in sources}
     else:
         pytest.fail(f"{path.name}: no local fixture for data format {fmt!r}; add one here")
@@ -128,25 +152,56 @@ def test_config_trains_on_multidevice_meshes(path, tmp_path):
     runs = []
     for mesh in MESHES:
         workdir = tmp_path / "run_{}x{}x{}".format(*mesh)
-        runs.append((mesh, workdir, ["--config", str(path), f"workdir={workdir}", *data, *SMALL,
-                                     *SHORT, "mesh.data={}".format(mesh[0]),
-                                     "mesh.fsdp={}".format(mesh[1]),
-                                     "mesh.tensor={}".format(mesh[2])]))
+        runs.append(
+            (
+                mesh,
+                workdir,
+                [
+                    "--config",
+                    str(path),
+                    f"workdir={workdir}",
+                    *data,
+                    *SMALL,
+                    *SHORT,
+                    f"mesh.data={mesh[0]}",
+                    f"mesh.fsdp={mesh[1]}",
+                    f"mesh.tensor={mesh[2]}",
+                ],
+            )
+        )
     results_file = tmp_path / "results.json"
-    env = cli_env(XLA_FLAGS=XLA_FLAGS, HF_DATASETS_OFFLINE="1",
-                  HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "hf_cache"))
+    env = cli_env(
+        XLA_FLAGS=XLA_FLAGS,
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_CACHE=str(tmp_path / "hf_cache"),
+    )
     proc = subprocess.run(
-        [sys.executable, "-c", _WORKER, json.dumps([argv for _, _, argv in runs]),
-         str(results_file)], env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+        [
+            sys.executable,
+            "-c",
+            _WORKER,
+            json.dumps([argv for _, _, argv in runs]),
+            str(results_file),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0 and results_file.exists(), (
-        f"{path.name}: worker failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
+        f"{path.name}: worker failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}"
+    )
     results = json.loads(results_file.read_text())
     assert len(results) == len(runs)
     errors = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("error: "))
     for (mesh, workdir, _), result in zip(runs, results):
         name = f"{path.name} on mesh {mesh}"
-        assert result["rc"] == 0, (f"{name}: exit code {result['rc']}\n{result['error'] or ''}"
-                                   f"{errors}\n--- stderr (end) ---\n{proc.stderr[-3000:]}")
+        assert result["rc"] == 0, (
+            f"{name}: exit code {result['rc']}\n{result['error'] or ''}"
+            f"{errors}\n--- stderr (end) ---\n{proc.stderr[-3000:]}"
+        )
         summary = json.loads((workdir / "test.json").read_text())
         assert summary["step"] == 1, name
         assert summary["test_sentences"] == 4, name

@@ -10,9 +10,17 @@ import pytest
 from flax import nnx
 
 from seq2seq.config import ModelConfig
-from seq2seq.decoding import (NEG_INF, _top_continuations, beam_search_jit, filter_logits,
-                              greedy_search_jit, length_penalty, sample_jit, sentence_keys,
-                              top_k_by_chunks)
+from seq2seq.decoding import (
+    NEG_INF,
+    _top_continuations,
+    beam_search_jit,
+    filter_logits,
+    greedy_search_jit,
+    length_penalty,
+    sample_jit,
+    sentence_keys,
+    top_k_by_chunks,
+)
 from seq2seq.model import build_model
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -24,8 +32,15 @@ SAMPLING = dict(temperature=1.5, top_k=5, alpha=0.6)
 
 
 def tiny_model(vocab=12, seed=0, eos_bias=0.0, scale=8.0, unk_bias=0.0):
-    cfg = ModelConfig(vocab_size=vocab, d_model=16, num_heads=2, num_encoder_layers=1,
-                      num_decoder_layers=1, d_ff=32, dropout_rate=0.0)
+    cfg = ModelConfig(
+        vocab_size=vocab,
+        d_model=16,
+        num_heads=2,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        d_ff=32,
+        dropout_rate=0.0,
+    )
     model = build_model(cfg, seed=seed)
     # sharpen the output distribution (scale 8) so hypotheses differ clearly; sampling tests
     # use a flatter one (scale 2) so that samples differ
@@ -46,9 +61,14 @@ def _forward_logp(params, src, tgt, tgt_len, *, graphdef):
     model = nnx.merge(graphdef, params)
     length = tgt.shape[1]
     segs = (jnp.arange(length)[None, :] < tgt_len[:, None]).astype(jnp.int32)
-    batch = dict(src=src, src_segments=(src != PAD).astype(jnp.int32),
-                 src_positions=jnp.broadcast_to(jnp.arange(src.shape[1]), src.shape),
-                 tgt=tgt, tgt_segments=segs, tgt_positions=segs * jnp.arange(length)[None, :])
+    batch = dict(
+        src=src,
+        src_segments=(src != PAD).astype(jnp.int32),
+        src_positions=jnp.broadcast_to(jnp.arange(src.shape[1]), src.shape),
+        tgt=tgt,
+        tgt_segments=segs,
+        tgt_positions=segs * jnp.arange(length)[None, :],
+    )
     return jax.nn.log_softmax(model(batch, bos_id=BOS))
 
 
@@ -62,11 +82,11 @@ def forward_logp(graphdef, params, src, seqs, width):
     tgt = np.full((rows, width), 4, np.int32)
     lens = np.ones((rows,), np.int32)
     for r, s in enumerate(seqs):
-        tgt[r, :len(s)] = s
+        tgt[r, : len(s)] = s
         lens[r] = min(len(s) + 1, width)
     src = jnp.asarray(np.tile(np.asarray(src, np.int32), (rows, 1)))
     out = _forward_logp(params, src, jnp.asarray(tgt), jnp.asarray(lens), graphdef=graphdef)
-    return np.asarray(out, np.float64)[:len(seqs)]
+    return np.asarray(out, np.float64)[: len(seqs)]
 
 
 def teacher_forced_logprobs(graphdef, params, src, hyps, width):
@@ -78,41 +98,68 @@ def teacher_forced_logprobs(graphdef, params, src, hyps, width):
 def pad_batch(srcs):
     src = np.zeros((len(srcs), max(len(s) for s in srcs)), np.int32)
     for i, s in enumerate(srcs):
-        src[i, :len(s)] = s
+        src[i, : len(s)] = s
     return jnp.asarray(src), jnp.asarray((src != PAD).astype(np.int32))
 
 
-def run_beam(graphdef, params, srcs, beam, max_len, alpha, kind="gnmt", max_lengths=None,
-             min_length=0):
+def run_beam(
+    graphdef, params, srcs, beam, max_len, alpha, kind="gnmt", max_lengths=None, min_length=0
+):
     src, segs = pad_batch(srcs)
-    limits = jnp.asarray(max_lengths if max_lengths is not None else [max_len] * len(srcs),
-                         jnp.int32)
-    return beam_search_jit(params, src, segs, limits, graphdef=graphdef, beam_size=beam,
-                           max_len=max_len, alpha=alpha, length_penalty_kind=kind,
-                           min_length=min_length, **IDS)
+    limits = jnp.asarray(
+        max_lengths if max_lengths is not None else [max_len] * len(srcs), jnp.int32
+    )
+    return beam_search_jit(
+        params,
+        src,
+        segs,
+        limits,
+        graphdef=graphdef,
+        beam_size=beam,
+        max_len=max_len,
+        alpha=alpha,
+        length_penalty_kind=kind,
+        min_length=min_length,
+        **IDS,
+    )
 
 
 def run_greedy(graphdef, params, srcs, max_len, max_lengths=None, min_length=0):
     src, segs = pad_batch(srcs)
-    limits = jnp.asarray(max_lengths if max_lengths is not None else [max_len] * len(srcs),
-                         jnp.int32)
-    return greedy_search_jit(params, src, segs, limits, graphdef=graphdef, max_len=max_len,
-                             min_length=min_length, **IDS)
+    limits = jnp.asarray(
+        max_lengths if max_lengths is not None else [max_len] * len(srcs), jnp.int32
+    )
+    return greedy_search_jit(
+        params, src, segs, limits, graphdef=graphdef, max_len=max_len, min_length=min_length, **IDS
+    )
 
 
 def run_sample(graphdef, params, srcs, n, max_len, keys, max_lengths=None, **options):
     src, segs = pad_batch(srcs)
-    limits = jnp.asarray(max_lengths if max_lengths is not None else [max_len] * len(srcs),
-                         jnp.int32)
-    return sample_jit(params, src, segs, limits, keys, graphdef=graphdef, num_samples=n,
-                      max_len=max_len, **IDS, **options)
+    limits = jnp.asarray(
+        max_lengths if max_lengths is not None else [max_len] * len(srcs), jnp.int32
+    )
+    return sample_jit(
+        params,
+        src,
+        segs,
+        limits,
+        keys,
+        graphdef=graphdef,
+        num_samples=n,
+        max_len=max_len,
+        **IDS,
+        **options,
+    )
 
 
 def hypotheses(tokens, lengths):
     """[batch, n, L] tokens and [batch, n] lengths → nested lists of token lists (with EOS)."""
     tokens, lengths = np.asarray(tokens), np.asarray(lengths)
-    return [[list(tokens[b, j, :lengths[b, j]]) for j in range(tokens.shape[1])]
-            for b in range(tokens.shape[0])]
+    return [
+        [list(tokens[b, j, : lengths[b, j]]) for j in range(tokens.shape[1])]
+        for b in range(tokens.shape[0])
+    ]
 
 
 def allowed_tokens(vocab, position, max_length, min_length):
@@ -141,9 +188,10 @@ def nucleus_set(logits, allowed, temperature, top_k, top_p):
 
 # -- length penalty ------------------------------------------------------------------------------
 
+
 def test_length_penalty_formulas():
     np.testing.assert_allclose(length_penalty(7, 0.6, "gnmt"), (12 / 6) ** 0.6, rtol=1e-6)
-    np.testing.assert_allclose(length_penalty(7, 0.6, "plain"), 7 ** 0.6, rtol=1e-6)
+    np.testing.assert_allclose(length_penalty(7, 0.6, "plain"), 7**0.6, rtol=1e-6)
     np.testing.assert_allclose(length_penalty(7, 0.6, "none"), 1.0)
     np.testing.assert_allclose(length_penalty(1, 0.6, "gnmt"), 1.0, rtol=1e-6)
     with pytest.raises(ValueError, match="unknown length penalty"):
@@ -152,6 +200,7 @@ def test_length_penalty_formulas():
 
 # -- beam search ---------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def enumerated():
     """Every hypothesis of a vocab-6 model up to 4 tokens, with its teacher-forced logprob."""
@@ -159,8 +208,11 @@ def enumerated():
     graphdef, params = tiny_model(vocab)
     src = [4, 5, 4, EOS]  # 40 hypotheses: 1 + 3 + 9 + 27 (tokens 1, 4, 5 then EOS)
     body_tokens = [t for t in range(vocab) if t not in (PAD, BOS, EOS)]
-    hyps = [list(body) + [EOS] for n in range(max_len)
-            for body in itertools.product(body_tokens, repeat=n)]
+    hyps = [
+        list(body) + [EOS]
+        for n in range(max_len)
+        for body in itertools.product(body_tokens, repeat=n)
+    ]
     logprobs = teacher_forced_logprobs(graphdef, params, src, hyps, max_len)
     return graphdef, params, src, vocab, max_len, hyps, logprobs
 
@@ -169,29 +221,35 @@ def enumerated():
 def test_beam_search_nbest_is_exhaustive_ranking(enumerated, alpha, kind):
     """With beam = vocab^max_len, the n-best list is every hypothesis ranked by exact score."""
     graphdef, params, src, vocab, max_len, hyps, logprobs = enumerated
-    beam = vocab ** max_len
+    beam = vocab**max_len
     res = run_beam(graphdef, params, [src], beam=beam, max_len=max_len, alpha=alpha, kind=kind)
     scores = [lp / float(length_penalty(len(h), alpha, kind)) for h, lp in zip(hyps, logprobs)]
     order = np.argsort(scores)[::-1]
     n = len(hyps)  # 40 ≤ beam, so every hypothesis is finished and kept
     got = hypotheses(res.tokens, res.lengths)[0]
     assert got[:n] == [hyps[i] for i in order]
-    np.testing.assert_allclose(np.asarray(res.scores[0, :n]), np.asarray(scores)[order],
-                               rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(res.logprobs[0, :n]), logprobs[order],
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(res.scores[0, :n]), np.asarray(scores)[order], rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        np.asarray(res.logprobs[0, :n]), logprobs[order], rtol=1e-4, atol=1e-5
+    )
     assert np.all(np.asarray(res.scores[0, n:]) <= NEG_INF / 2)  # empty slots stay empty
     assert np.all(np.asarray(res.lengths[0, n:]) == 0)
 
 
 def reference_beam_search(graphdef, params, src, beam, max_length, alpha, kind, min_length, vocab):
-    """The documented beam rules in plain Python, scored by teacher forcing, never stopping early."""
+    """The documented beam rules in plain Python, scored by teacher forcing, never stopping
+    early."""
     alive, finished = [((), 0.0)], []
     for i in range(max_length):
         logp = forward_logp(graphdef, params, src, [seq for seq, _ in alive], MAX_LEN)
-        cands = [(lp + logp[r, i, t], seq + (t,)) for r, (seq, lp) in enumerate(alive)
-                 for t in allowed_tokens(vocab, i, max_length, min_length)]
-        top = sorted(cands, key=lambda c: -c[0])[:2 * beam]
+        cands = [
+            (lp + logp[r, i, t], seq + (t,))
+            for r, (seq, lp) in enumerate(alive)
+            for t in allowed_tokens(vocab, i, max_length, min_length)
+        ]
+        top = sorted(cands, key=lambda c: -c[0])[: 2 * beam]
         for rank, (lp, seq) in enumerate(top):
             if seq[-1] == EOS and rank < beam:
                 finished.append((lp / float(length_penalty(len(seq), alpha, kind)), lp, seq))
@@ -210,18 +268,30 @@ def test_beam_search_matches_reference_without_early_stopping(beam, alpha, kind,
     # stop then triggers, and the decoder's history (the reordered KV cache) matters
     graphdef, params = tiny_model(vocab, seed=4, scale=2.0, eos_bias=4.0)
     max_lengths = [8, 4, 6]
-    res = run_beam(graphdef, params, SRCS, beam=beam, max_len=MAX_LEN, alpha=alpha, kind=kind,
-                   max_lengths=max_lengths, min_length=min_length)
+    res = run_beam(
+        graphdef,
+        params,
+        SRCS,
+        beam=beam,
+        max_len=MAX_LEN,
+        alpha=alpha,
+        kind=kind,
+        max_lengths=max_lengths,
+        min_length=min_length,
+    )
     got = hypotheses(res.tokens, res.lengths)
     for b, src in enumerate(SRCS):
-        ref = reference_beam_search(graphdef, params, src, beam, max_lengths[b], alpha, kind,
-                                    min_length, vocab)
+        ref = reference_beam_search(
+            graphdef, params, src, beam, max_lengths[b], alpha, kind, min_length, vocab
+        )
         assert len(ref) == beam
         assert [list(seq) for _, _, seq in ref] == got[b]
-        np.testing.assert_allclose(np.asarray(res.scores[b]), [s for s, _, _ in ref],
-                                   rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(np.asarray(res.logprobs[b]), [lp for _, lp, _ in ref],
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(res.scores[b]), [s for s, _, _ in ref], rtol=1e-4, atol=1e-5
+        )
+        np.testing.assert_allclose(
+            np.asarray(res.logprobs[b]), [lp for _, lp, _ in ref], rtol=1e-4, atol=1e-5
+        )
 
 
 def test_reported_scores_equal_teacher_forced_logprob():
@@ -236,8 +306,9 @@ def test_reported_scores_equal_teacher_forced_logprob():
             lp = teacher_forced_logprobs(graphdef, weights, src, hyps, MAX_LEN)
             np.testing.assert_allclose(np.asarray(result.logprobs[b]), lp, rtol=1e-4, atol=1e-4)
             lp_len = np.asarray(length_penalty(np.asarray(result.lengths[b]), 0.6))
-            np.testing.assert_allclose(np.asarray(result.scores[b]), lp / lp_len, rtol=1e-4,
-                                       atol=1e-4)
+            np.testing.assert_allclose(
+                np.asarray(result.scores[b]), lp / lp_len, rtol=1e-4, atol=1e-4
+            )
             assert np.all(np.diff(np.asarray(result.scores[b])) <= 1e-6)  # best first
 
 
@@ -259,17 +330,27 @@ def test_translation_does_not_depend_on_batch_neighbours():
     np.testing.assert_allclose(np.asarray(alone.scores[0]), np.asarray(mixed.scores[1]), rtol=1e-5)
     # sampling: a sentence's samples depend on its key, not on its neighbours or its row
     graphdef, params = tiny_model(seed=3, scale=2.0)
-    first = run_sample(graphdef, params, [target, [9, EOS], [7, 7, 7, 7, 7, EOS]], 4, MAX_LEN,
-                       sentence_keys(7, [5, 1, 2]), **SAMPLING)
-    second = run_sample(graphdef, params, batch, 4, MAX_LEN, sentence_keys(7, [9, 5, 1]),
-                        **SAMPLING)
+    first = run_sample(
+        graphdef,
+        params,
+        [target, [9, EOS], [7, 7, 7, 7, 7, EOS]],
+        4,
+        MAX_LEN,
+        sentence_keys(7, [5, 1, 2]),
+        **SAMPLING,
+    )
+    second = run_sample(
+        graphdef, params, batch, 4, MAX_LEN, sentence_keys(7, [9, 5, 1]), **SAMPLING
+    )
     np.testing.assert_array_equal(np.asarray(first.tokens[0]), np.asarray(second.tokens[1]))
-    np.testing.assert_allclose(np.asarray(first.logprobs[0]), np.asarray(second.logprobs[1]),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(first.logprobs[0]), np.asarray(second.logprobs[1]), rtol=1e-5
+    )
     assert len({tuple(h) for h in hypotheses(first.tokens, first.lengths)[0]}) > 1
 
 
 # -- length rules: EOS only at the end, min_length, max length ------------------------------------
+
 
 def check_well_formed(tokens, lengths, max_lengths, min_length):
     tokens, lengths = np.asarray(tokens), np.asarray(lengths)
@@ -278,7 +359,7 @@ def check_well_formed(tokens, lengths, max_lengths, min_length):
             n, row = int(lengths[b, j]), tokens[b, j]
             assert 1 <= n <= max_lengths[b]
             assert row[n - 1] == EOS  # EOS exactly once, at the end, then only PAD
-            assert not np.isin(row[:n - 1], [EOS, PAD, BOS]).any()
+            assert not np.isin(row[: n - 1], [EOS, PAD, BOS]).any()
             assert np.all(row[n:] == PAD)
             assert n - 1 >= min(min_length, max_lengths[b] - 1)  # the maximum wins
 
@@ -291,15 +372,26 @@ def test_min_length_and_eos_only_at_the_end():
     free = run_beam(graphdef, params, SRCS, 3, MAX_LEN, 0.6, max_lengths=max_lengths)
     assert np.asarray(free.lengths[:, 0]).max() <= 2  # min_length below has something to do
     for m in (0, 4):
-        res = run_beam(graphdef, params, SRCS, 3, MAX_LEN, 0.6, max_lengths=max_lengths,
-                       min_length=m)
+        res = run_beam(
+            graphdef, params, SRCS, 3, MAX_LEN, 0.6, max_lengths=max_lengths, min_length=m
+        )
         check_well_formed(res.tokens, res.lengths, max_lengths, m)
-        tokens, _ = run_greedy(graphdef, params, SRCS, MAX_LEN, max_lengths=max_lengths,
-                               min_length=m)
+        tokens, _ = run_greedy(
+            graphdef, params, SRCS, MAX_LEN, max_lengths=max_lengths, min_length=m
+        )
         lengths = (np.asarray(tokens) != PAD).sum(1)
         check_well_formed(np.asarray(tokens)[:, None], lengths[:, None], max_lengths, m)
-        out = run_sample(graphdef, params, SRCS, 4, MAX_LEN, keys, max_lengths=max_lengths,
-                         min_length=m, **SAMPLING)
+        out = run_sample(
+            graphdef,
+            params,
+            SRCS,
+            4,
+            MAX_LEN,
+            keys,
+            max_lengths=max_lengths,
+            min_length=m,
+            **SAMPLING,
+        )
         check_well_formed(out.tokens, out.lengths, max_lengths, m)
     # min_length 4: four tokens, then the (very likely) EOS; the third row's maximum (3) wins
     assert list(lengths) == [5, 5, 3]
@@ -314,12 +406,34 @@ def test_the_unknown_piece_is_generated_only_when_not_banned():
     src, segs = pad_batch(SRCS)
     limits = jnp.full((len(SRCS),), MAX_LEN, jnp.int32)
     for unk_id, emitted in ((-1, True), (UNK, False)):
-        beam = beam_search_jit(params, src, segs, limits, graphdef=graphdef, beam_size=3,
-                               max_len=MAX_LEN, alpha=0.6, unk_id=unk_id, **IDS)
-        greedy, _ = greedy_search_jit(params, src, segs, limits, graphdef=graphdef,
-                                      max_len=MAX_LEN, unk_id=unk_id, **IDS)
-        sampled = sample_jit(params, src, segs, limits, keys, graphdef=graphdef, num_samples=4,
-                             max_len=MAX_LEN, unk_id=unk_id, **IDS, **SAMPLING)
+        beam = beam_search_jit(
+            params,
+            src,
+            segs,
+            limits,
+            graphdef=graphdef,
+            beam_size=3,
+            max_len=MAX_LEN,
+            alpha=0.6,
+            unk_id=unk_id,
+            **IDS,
+        )
+        greedy, _ = greedy_search_jit(
+            params, src, segs, limits, graphdef=graphdef, max_len=MAX_LEN, unk_id=unk_id, **IDS
+        )
+        sampled = sample_jit(
+            params,
+            src,
+            segs,
+            limits,
+            keys,
+            graphdef=graphdef,
+            num_samples=4,
+            max_len=MAX_LEN,
+            unk_id=unk_id,
+            **IDS,
+            **SAMPLING,
+        )
         for tokens in (beam.tokens, np.asarray(greedy)[:, None], sampled.tokens):
             assert (UNK in np.asarray(tokens)) == emitted
         check_well_formed(beam.tokens, beam.lengths, [MAX_LEN] * 3, 0)
@@ -338,8 +452,11 @@ def test_max_length_forces_eos():
 
 # -- sampling ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [
-    (1.0, 3, 1.0), (0.7, 0, 0.6), (1.5, 4, 0.8), (2.0, 0, 0.95), (1.0, 12, 1.0)])
+
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [(1.0, 3, 1.0), (0.7, 0, 0.6), (1.5, 4, 0.8), (2.0, 0, 0.95), (1.0, 12, 1.0)],
+)
 def test_filter_logits_matches_brute_force(temperature, top_k, top_p):
     rng = np.random.default_rng(0)
     vocab = 12
@@ -347,8 +464,9 @@ def test_filter_logits_matches_brute_force(temperature, top_k, top_p):
     banned = rng.random((300, vocab)) < 0.2
     banned[:, 0] = False  # at least one token allowed per row
     logits[banned] = NEG_INF
-    out = np.asarray(filter_logits(jnp.asarray(logits), temperature=temperature, top_k=top_k,
-                                   top_p=top_p))
+    out = np.asarray(
+        filter_logits(jnp.asarray(logits), temperature=temperature, top_k=top_k, top_p=top_p)
+    )
     checked = 0
     for row, ban, got in zip(logits, banned, out):
         allowed = [t for t in range(vocab) if not ban[t]]
@@ -369,16 +487,25 @@ def test_filter_logits_rejects_bad_options():
             filter_logits(x, **bad)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.5, 3, 1.0), (1.0, 0, 0.9),
-                                                     (2.0, 5, 0.8)])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.5, 3, 1.0), (1.0, 0, 0.9), (2.0, 5, 0.8)])
 def test_sampled_tokens_stay_in_the_allowed_set(temperature, top_k, top_p):
     """Every sampled token lies in the brute-force top-k/top-p set of its own prefix."""
     vocab, n = 12, 8
     graphdef, params = tiny_model(vocab, seed=7, scale=2.0)
     max_lengths, min_length = [8, 4, 6], 1
-    out = run_sample(graphdef, params, SRCS, n, MAX_LEN, sentence_keys(3, [0, 1, 2]),
-                     max_lengths=max_lengths, temperature=temperature, top_k=top_k, top_p=top_p,
-                     min_length=min_length)
+    out = run_sample(
+        graphdef,
+        params,
+        SRCS,
+        n,
+        MAX_LEN,
+        sentence_keys(3, [0, 1, 2]),
+        max_lengths=max_lengths,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_length=min_length,
+    )
     samples = hypotheses(out.tokens, out.lengths)
     check_well_formed(out.tokens, out.lengths, max_lengths, min_length)
     distinct = 0
@@ -399,18 +526,23 @@ def test_sampling_frequencies_match_the_filtered_distribution():
     graphdef, params = tiny_model(vocab, seed=8, scale=2.0)
     src = [5, 6, 7, EOS]
     temperature, top_k = 2.0, 5
-    out = run_sample(graphdef, params, [src], n, 2, sentence_keys(11, [0]),
-                     temperature=temperature, top_k=top_k)
+    out = run_sample(
+        graphdef, params, [src], n, 2, sentence_keys(11, [0]), temperature=temperature, top_k=top_k
+    )
     first = np.asarray(out.tokens[0, :, 0])
     logits = forward_logp(graphdef, params, src, [[]], 2)[0, 0]
     logits[[PAD, BOS]] = NEG_INF
-    expected = np.asarray(jax.nn.softmax(filter_logits(jnp.asarray(logits, jnp.float32),
-                                                       temperature=temperature, top_k=top_k)))
+    expected = np.asarray(
+        jax.nn.softmax(
+            filter_logits(jnp.asarray(logits, jnp.float32), temperature=temperature, top_k=top_k)
+        )
+    )
     assert np.count_nonzero(expected > 1e-9) == top_k
     freq = np.bincount(first, minlength=vocab) / n
     assert np.all(freq[expected == 0] == 0)
-    np.testing.assert_array_less(np.abs(freq - expected),
-                                 5 * np.sqrt(expected * (1 - expected) / n) + 1e-3)
+    np.testing.assert_array_less(
+        np.abs(freq - expected), 5 * np.sqrt(expected * (1 - expected) / n) + 1e-3
+    )
 
 
 def test_sampling_with_top_k_1_or_tiny_top_p_is_greedy():

@@ -1,4 +1,5 @@
-"""Best-metric tracking and patience, including the JSON round trip that carries them across resume."""
+"""Best-metric tracking and patience, including the JSON round trip that carries them across
+resume."""
 
 import math
 
@@ -29,8 +30,13 @@ def test_json_round_trip_and_metric_change_resets():
     t.update(5.0, 10)
     t.update(4.0, 20)
     saved = t.to_json()
-    assert saved == {"metric": "bleu", "value": 5.0, "step": 10, "loss": None,
-                     "evals_without_improvement": 1}
+    assert saved == {
+        "metric": "bleu",
+        "value": 5.0,
+        "step": 10,
+        "loss": None,
+        "evals_without_improvement": 1,
+    }
     assert BestTracker.from_json(saved, "bleu") == t
     assert BestTracker.from_json(saved, "loss") == BestTracker("loss")
     assert BestTracker.from_json(None, "bleu") == BestTracker("bleu")
@@ -42,7 +48,11 @@ def test_equal_bleu_with_lower_dev_loss_improves():
     t = BestTracker("bleu")
     assert t.update(0.0, 4, loss=5.9)
     assert not t.update(0.0, 8, loss=6.0)  # equal BLEU, higher loss
-    assert t.update(0.0, 12, loss=5.5) and (t.step, t.loss, t.evals_without_improvement) == (12, 5.5, 0)
+    assert t.update(0.0, 12, loss=5.5) and (t.step, t.loss, t.evals_without_improvement) == (
+        12,
+        5.5,
+        0,
+    )
     assert not t.update(0.0, 16)  # no loss given: a tie does not improve
     assert t.update(0.5, 20, loss=7.0)  # higher BLEU wins whatever the loss
     loss = BestTracker("loss")

@@ -6,11 +6,11 @@ import subprocess
 import sys
 
 import pytest
+from tiny_run import ROOT, cli_env
 
 from seq2seq import cli
 from seq2seq.__main__ import COMMANDS, main
 from seq2seq.config import load_config
-from tiny_run import ROOT, cli_env
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -19,14 +19,20 @@ def test_module_commands_are_the_console_scripts():
     import tomllib
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert {f"seq2seq-{name}": f"seq2seq.cli:{fn.__name__}" for name, fn in COMMANDS.items()} \
-        == scripts
+    assert {
+        f"seq2seq-{name}": f"seq2seq.cli:{fn.__name__}" for name, fn in COMMANDS.items()
+    } == scripts
 
 
 def test_python_dash_m_runs_a_command(capsys):
-    proc = subprocess.run([sys.executable, "-m", "seq2seq", "params", "--config",
-                           "configs/transformer_base.yaml"], env=cli_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "seq2seq", "params", "--config", "configs/transformer_base.yaml"],
+        env=cli_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert cli.params_main(["--config", str(ROOT / "configs/transformer_base.yaml")]) == 0
     assert proc.stdout == capsys.readouterr().out and "heads 8, layers 6+6" in proc.stdout

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import BOS, EOS, random_pairs, tiny_config, unpacked_batch
 from flax import nnx
 
-from conftest import BOS, EOS, random_pairs, tiny_config, unpacked_batch
 from seq2seq import kernels
 from seq2seq.decoding import _top_continuations, beam_search_jit
 from seq2seq.model import build_model
@@ -32,9 +32,12 @@ def test_the_default_is_cpu_unless_the_environment_says_otherwise():
         env = {k: v for k, v in os.environ.items() if k != "SEQ2SEQ_KERNELS"}
         if value is not None:
             env["SEQ2SEQ_KERNELS"] = value
-        return subprocess.run([sys.executable, "-c", "from seq2seq import kernels; "
-                               "print(kernels.selected())"], env=env, capture_output=True,
-                              text=True)
+        return subprocess.run(
+            [sys.executable, "-c", "from seq2seq import kernels; print(kernels.selected())"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
 
     assert selected(None).stdout.strip() == "cpu"
     assert selected("reference").stdout.strip() == "reference"
@@ -126,16 +129,19 @@ def test_top_continuations_equal_under_both_kernels():
 @pytest.mark.parametrize("positions", ["sinusoidal", "relative"])
 def test_beam_search_finds_the_same_tokens_under_both_kernels(positions, rng):
     # untied output weights: a random tied model repeats its input token, in every beam
-    model = build_model(tiny_config(vocab_size=300, positions=positions, share_embeddings="none"),
-                        seed=4)
+    model = build_model(
+        tiny_config(vocab_size=300, positions=positions, share_embeddings="none"), seed=4
+    )
     graphdef, params = nnx.split(model, nnx.Param)
     src = unpacked_batch(*random_pairs(5, rng, vocab=300), 10)
-    kw = dict(graphdef=graphdef, beam_size=4, max_len=12, alpha=0.6, bos_id=BOS, eos_id=EOS,
-              pad_id=0)
+    kw = dict(
+        graphdef=graphdef, beam_size=4, max_len=12, alpha=0.6, bos_id=BOS, eos_id=EOS, pad_id=0
+    )
 
     def run():
-        return beam_search_jit(params, src["src"], src["src_segments"],
-                               jnp.full((5,), 12, jnp.int32), **kw)
+        return beam_search_jit(
+            params, src["src"], src["src_segments"], jnp.full((5,), 12, jnp.int32), **kw
+        )
 
     cpu, reference = both(run)
     np.testing.assert_array_equal(cpu.tokens, reference.tokens)

@@ -14,15 +14,31 @@ PACKAGE = Path(__file__).resolve().parents[1] / "seq2seq"
 # Modules (and packages, by prefix) by layer, lowest first. A module missing here fails
 # ``test_every_module_has_a_layer``: a new module has to say where it sits.
 LAYERS: dict[str, int] = {
-    "seq2seq": 0, "seq2seq.config": 0, "seq2seq.workdir": 0, "seq2seq.kernels": 0,
-    "seq2seq.model": 1, "seq2seq.decoding": 1, "seq2seq.data": 1, "seq2seq.sharding": 1,
-    "seq2seq.training": 2, "seq2seq.evaluation": 2, "seq2seq.translation": 2,
+    "seq2seq": 0,
+    "seq2seq.config": 0,
+    "seq2seq.workdir": 0,
+    "seq2seq.kernels": 0,
+    "seq2seq.model": 1,
+    "seq2seq.decoding": 1,
+    "seq2seq.data": 1,
+    "seq2seq.sharding": 1,
+    "seq2seq.training": 2,
+    "seq2seq.evaluation": 2,
+    "seq2seq.translation": 2,
     "seq2seq.trained": 2,
-    "seq2seq.run": 3, "seq2seq.summary": 3, "seq2seq.plots": 3,
-    "seq2seq.cli": 4, "seq2seq.__main__": 4,
+    "seq2seq.run": 3,
+    "seq2seq.summary": 3,
+    "seq2seq.plots": 3,
+    "seq2seq.cli": 4,
+    "seq2seq.__main__": 4,
 }
-NAMES = ["config", "model / decoding / data / sharding", "training / evaluation / translation",
-         "run (the application)", "cli"]
+NAMES = [
+    "config",
+    "model / decoding / data / sharding",
+    "training / evaluation / translation",
+    "run (the application)",
+    "cli",
+]
 
 
 def layer(module: str) -> int | None:
@@ -83,8 +99,10 @@ def violations(sources: dict[str, tuple[str, bool]]) -> list[str]:
 
 
 def _package_sources() -> dict[str, tuple[str, bool]]:
-    return {module_name(p): (p.read_text(encoding="utf-8"), p.name == "__init__.py")
-            for p in sorted(PACKAGE.rglob("*.py"))}
+    return {
+        module_name(p): (p.read_text(encoding="utf-8"), p.name == "__init__.py")
+        for p in sorted(PACKAGE.rglob("*.py"))
+    }
 
 
 def test_every_module_has_a_layer():
@@ -95,14 +113,21 @@ def test_no_module_imports_from_a_layer_above_it():
     assert violations(_package_sources()) == []
 
 
-@pytest.mark.parametrize("module, source, bad", [
-    ("seq2seq.training.loop", "from seq2seq.translation import Translator", False),
-    ("seq2seq.training.loop", "from seq2seq import run", True),
-    ("seq2seq.model.layers", "def f():\n    from seq2seq.training.step import train_step", True),
-    ("seq2seq.config", "import seq2seq.sharding", True),
-    ("seq2seq.training.loop", "from ..cli import train_main", True),
-    ("seq2seq.cli", "from seq2seq.run import train", False),
-])
+@pytest.mark.parametrize(
+    "module, source, bad",
+    [
+        ("seq2seq.training.loop", "from seq2seq.translation import Translator", False),
+        ("seq2seq.training.loop", "from seq2seq import run", True),
+        (
+            "seq2seq.model.layers",
+            "def f():\n    from seq2seq.training.step import train_step",
+            True,
+        ),
+        ("seq2seq.config", "import seq2seq.sharding", True),
+        ("seq2seq.training.loop", "from ..cli import train_main", True),
+        ("seq2seq.cli", "from seq2seq.run import train", False),
+    ],
+)
 def test_the_check_fails_on_an_upward_import(module, source, bad):
     sources = {**_package_sources(), module: (source, False)}
     found = [v for v in violations(sources) if v.startswith(module + " ")]
@@ -115,17 +140,22 @@ def test_training_knows_only_steps():
     for module, (source, is_package) in sources.items():
         if module.startswith("seq2seq.training"):
             found = imports(source, module, is_package)
-            assert not {m for m in found if m.startswith(("seq2seq.translation",
-                                                          "seq2seq.evaluation"))}, module
+            assert not {
+                m for m in found if m.startswith(("seq2seq.translation", "seq2seq.evaluation"))
+            }, module
 
 
 def test_the_layering_before_the_run_layer_fails():
     """The tree before this change: workdir.py (paths) imported training, and training
     imported translation; both are reported."""
-    old_workdir = ("from seq2seq.training.checkpoints import Checkpointer\n"
-                   "from seq2seq.training.step import TrainState\n")
+    old_workdir = (
+        "from seq2seq.training.checkpoints import Checkpointer\n"
+        "from seq2seq.training.step import TrainState\n"
+    )
     found = violations({**_package_sources(), "seq2seq.workdir": (old_workdir, False)})
-    assert found == ["seq2seq.workdir (config) imports seq2seq.training.checkpoints "
-                     "(training / evaluation / translation)",
-                     "seq2seq.workdir (config) imports seq2seq.training.step "
-                     "(training / evaluation / translation)"]
+    assert found == [
+        "seq2seq.workdir (config) imports seq2seq.training.checkpoints "
+        "(training / evaluation / translation)",
+        "seq2seq.workdir (config) imports seq2seq.training.step "
+        "(training / evaluation / translation)",
+    ]

@@ -20,126 +20,255 @@ import re
 from pathlib import Path
 
 import pytest
+from tiny_run import shipped_pairs, write_hub_dataset
 
 from seq2seq import cli
-from tiny_run import shipped_pairs, write_hub_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.matrix]
 
 # What each chain sets; the remaining keys keep the tiny defaults of ``_overrides``.
 # ``translate`` holds the seq2seq-translate options of the chain.
 CHAINS: dict[str, dict] = {
-    "sinusoidal": {"model.positions": "sinusoidal", "model.norm": "post",
-                   "model.activation": "relu", "model.share_embeddings": "all",
-                   "model.dtype": "float32", "tokenizer.joint": True,
-                   "tokenizer.model_type": "unigram", "format": "text",
-                   "decode.length_penalty": "gnmt", "decode.beam_size": 3,
-                   "train.dev_bleu": True, "train.best_metric": "bleu",
-                   "tokenizer.character_coverage": 0.9995, "model.attention_dropout_rate": 0.1,
-                   "model.activation_dropout_rate": 0.1, "plot": True,
-                   "tokenizer.normalization": "nmt_nfkc",
-                   "translate": ["--beam", "2", "--nbest", "2"]},
-    "learned": {"model.positions": "learned", "model.norm": "pre", "model.activation": "gelu",
-                "model.share_embeddings": "target", "model.dtype": "bfloat16",
-                "tokenizer.joint": True, "tokenizer.model_type": "bpe", "format": "tsv",
-                "decode.length_penalty": "plain", "data.packing": False,
-                "train.test_checkpoint": "last", "train.learning_rate": 1e-3, "train.b1": 0.8,
-                "train.b2": 0.99, "train.weight_decay": 0.0, "train.clip_norm": 0.0,
-                "train.label_smoothing": 0.0, "decode.min_length": 1,
-                "translate": ["--alpha", "1.0", "--min-length", "2"]},
-    "relative": {"model.positions": "relative", "model.norm": "post",
-                 "model.activation": "swiglu", "model.share_embeddings": "none",
-                 "model.dtype": "float32", "tokenizer.joint": False,
-                 "tokenizer.model_type": "unigram", "format": "csv",
-                 "decode.length_penalty": "none", "train.grad_accum_steps": 2,
-                 "data.src_lang": "es", "data.tgt_lang": "en",  # the other direction
-                 "tokenizer.input_sentence_size": 200, "train.max_skipped_steps": 0,
-                 "translate": ["--beam", "4", "--max-tokens", "64"]},
-    "rope": {"model.positions": "rope", "model.norm": "pre", "model.activation": "geglu",
-             "model.share_embeddings": "target", "model.dtype": "bfloat16",
-             "tokenizer.joint": False, "tokenizer.model_type": "bpe", "format": "jsonl",
-             "decode.length_penalty": "gnmt", "train.keep_best": False,
-             "decode.sampling": True, "decode.top_k": 5,  # the final test decode samples too
-             "tokenizer.user_defined_symbols": "[<2es>]",
-             "translate": ["--sampling", "--top-p", "0.9", "--top-k", "5", "--temperature",
-                           "0.8", "--seed", "1", "--nbest", "3"]},
-    "alibi": {"model.positions": "alibi", "model.norm": "post", "model.activation": "gelu",
-              "model.share_embeddings": "none", "model.dtype": "bfloat16",
-              "tokenizer.joint": False, "tokenizer.model_type": "unigram", "format": "disk",
-              "decode.length_penalty": "plain",
-              "translate": ["--beam", "2", "--max-src-tokens", "8", "--on-long", "truncate"]},
-    "none": {"model.positions": "none", "model.norm": "pre", "model.activation": "swiglu",
-             "model.share_embeddings": "all", "model.dtype": "float32", "tokenizer.joint": True,
-             "tokenizer.model_type": "bpe", "format": "hub", "decode.length_penalty": "none",
-             "train.patience": 5, "translate": ["--beam", "3", "--nbest", "3"]},
+    "sinusoidal": {
+        "model.positions": "sinusoidal",
+        "model.norm": "post",
+        "model.activation": "relu",
+        "model.share_embeddings": "all",
+        "model.dtype": "float32",
+        "tokenizer.joint": True,
+        "tokenizer.model_type": "unigram",
+        "format": "text",
+        "decode.length_penalty": "gnmt",
+        "decode.beam_size": 3,
+        "train.dev_bleu": True,
+        "train.best_metric": "bleu",
+        "tokenizer.character_coverage": 0.9995,
+        "model.attention_dropout_rate": 0.1,
+        "model.activation_dropout_rate": 0.1,
+        "plot": True,
+        "tokenizer.normalization": "nmt_nfkc",
+        "translate": ["--beam", "2", "--nbest", "2"],
+    },
+    "learned": {
+        "model.positions": "learned",
+        "model.norm": "pre",
+        "model.activation": "gelu",
+        "model.share_embeddings": "target",
+        "model.dtype": "bfloat16",
+        "tokenizer.joint": True,
+        "tokenizer.model_type": "bpe",
+        "format": "tsv",
+        "decode.length_penalty": "plain",
+        "data.packing": False,
+        "train.test_checkpoint": "last",
+        "train.learning_rate": 1e-3,
+        "train.b1": 0.8,
+        "train.b2": 0.99,
+        "train.weight_decay": 0.0,
+        "train.clip_norm": 0.0,
+        "train.label_smoothing": 0.0,
+        "decode.min_length": 1,
+        "translate": ["--alpha", "1.0", "--min-length", "2"],
+    },
+    "relative": {
+        "model.positions": "relative",
+        "model.norm": "post",
+        "model.activation": "swiglu",
+        "model.share_embeddings": "none",
+        "model.dtype": "float32",
+        "tokenizer.joint": False,
+        "tokenizer.model_type": "unigram",
+        "format": "csv",
+        "decode.length_penalty": "none",
+        "train.grad_accum_steps": 2,
+        "data.src_lang": "es",
+        "data.tgt_lang": "en",  # the other direction
+        "tokenizer.input_sentence_size": 200,
+        "train.max_skipped_steps": 0,
+        "translate": ["--beam", "4", "--max-tokens", "64"],
+    },
+    "rope": {
+        "model.positions": "rope",
+        "model.norm": "pre",
+        "model.activation": "geglu",
+        "model.share_embeddings": "target",
+        "model.dtype": "bfloat16",
+        "tokenizer.joint": False,
+        "tokenizer.model_type": "bpe",
+        "format": "jsonl",
+        "decode.length_penalty": "gnmt",
+        "train.keep_best": False,
+        "decode.sampling": True,
+        "decode.top_k": 5,  # the final test decode samples too
+        "tokenizer.user_defined_symbols": "[<2es>]",
+        "translate": [
+            "--sampling",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "5",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "1",
+            "--nbest",
+            "3",
+        ],
+    },
+    "alibi": {
+        "model.positions": "alibi",
+        "model.norm": "post",
+        "model.activation": "gelu",
+        "model.share_embeddings": "none",
+        "model.dtype": "bfloat16",
+        "tokenizer.joint": False,
+        "tokenizer.model_type": "unigram",
+        "format": "disk",
+        "decode.length_penalty": "plain",
+        "translate": ["--beam", "2", "--max-src-tokens", "8", "--on-long", "truncate"],
+    },
+    "none": {
+        "model.positions": "none",
+        "model.norm": "pre",
+        "model.activation": "swiglu",
+        "model.share_embeddings": "all",
+        "model.dtype": "float32",
+        "tokenizer.joint": True,
+        "tokenizer.model_type": "bpe",
+        "format": "hub",
+        "decode.length_penalty": "none",
+        "train.patience": 5,
+        "translate": ["--beam", "3", "--nbest", "3"],
+    },
     # light chains (seq2seq-train alone, its test decode is the beam search with the KV
     # cache): the position schemes of the chains above again, in the other dtype
-    "sinusoidal-bf16": {"light": True, "model.positions": "sinusoidal",
-                        "model.dtype": "bfloat16", "model.norm": "pre",
-                        "model.share_embeddings": "target", "tokenizer.joint": False,
-                        "format": "text", "tokenizer.normalization": "nfkc"},
-    "relative-bf16": {"light": True, "model.positions": "relative", "model.dtype": "bfloat16",
-                      "model.norm": "pre", "model.activation": "geglu", "format": "jsonl",
-                      "tokenizer.normalization": "nmt_nfkc_cf"},
-    "none-bf16": {"light": True, "model.positions": "none", "model.dtype": "bfloat16",
-                  "model.norm": "post", "format": "tsv", "tokenizer.normalization": "nfkc_cf",
-                  "decode.allow_unk": True},
-    "learned-f32": {"light": True, "model.positions": "learned", "model.dtype": "float32",
-                    "model.activation": "geglu", "format": "csv", "tokenizer.joint": False,
-                    "model.share_embeddings": "target", "ready_models": True},
-    "rope-f32": {"light": True, "model.positions": "rope", "model.dtype": "float32",
-                 "model.norm": "post", "format": "disk", "tokenizer.normalization": "identity",
-                 "tokenizer.byte_fallback": True, "tokenizer.vocab_size": 400},
-    "alibi-f32": {"light": True, "model.positions": "alibi", "model.dtype": "float32",
-                  "model.activation": "relu", "format": "hub", "ready_models": True},
+    "sinusoidal-bf16": {
+        "light": True,
+        "model.positions": "sinusoidal",
+        "model.dtype": "bfloat16",
+        "model.norm": "pre",
+        "model.share_embeddings": "target",
+        "tokenizer.joint": False,
+        "format": "text",
+        "tokenizer.normalization": "nfkc",
+    },
+    "relative-bf16": {
+        "light": True,
+        "model.positions": "relative",
+        "model.dtype": "bfloat16",
+        "model.norm": "pre",
+        "model.activation": "geglu",
+        "format": "jsonl",
+        "tokenizer.normalization": "nmt_nfkc_cf",
+    },
+    "none-bf16": {
+        "light": True,
+        "model.positions": "none",
+        "model.dtype": "bfloat16",
+        "model.norm": "post",
+        "format": "tsv",
+        "tokenizer.normalization": "nfkc_cf",
+        "decode.allow_unk": True,
+    },
+    "learned-f32": {
+        "light": True,
+        "model.positions": "learned",
+        "model.dtype": "float32",
+        "model.activation": "geglu",
+        "format": "csv",
+        "tokenizer.joint": False,
+        "model.share_embeddings": "target",
+        "ready_models": True,
+    },
+    "rope-f32": {
+        "light": True,
+        "model.positions": "rope",
+        "model.dtype": "float32",
+        "model.norm": "post",
+        "format": "disk",
+        "tokenizer.normalization": "identity",
+        "tokenizer.byte_fallback": True,
+        "tokenizer.vocab_size": 400,
+    },
+    "alibi-f32": {
+        "light": True,
+        "model.positions": "alibi",
+        "model.dtype": "float32",
+        "model.activation": "relu",
+        "format": "hub",
+        "ready_models": True,
+    },
 }
 
 TRAIN, DEV, TEST = 400, 16, 6
-SENTENCES = ["I can't eat chicken.", "", "Tom is here and he is very, very happy today.",
-             "Where is the station?"]
+SENTENCES = [
+    "I can't eat chicken.",
+    "",
+    "Tom is here and he is very, very happy today.",
+    "Where is the station?",
+]
 RAN: dict[str, set] = {}  # option → values that ran (printed by conftest at the end)
 
 
 def _write_data(directory: Path, fmt: str) -> list[str]:
     """The shipped pairs (train/dev/test slices) in format ``fmt``; the data.* overrides."""
-    splits = {"train": shipped_pairs(0, TRAIN), "dev": shipped_pairs(TRAIN, DEV),
-              "test": shipped_pairs(TRAIN + DEV, TEST)}
+    splits = {
+        "train": shipped_pairs(0, TRAIN),
+        "dev": shipped_pairs(TRAIN, DEV),
+        "test": shipped_pairs(TRAIN + DEV, TEST),
+    }
     directory.mkdir(parents=True, exist_ok=True)
     out = [f"data.{s}.format={fmt}" for s in splits]
     if fmt == "text":
         for split, pairs in splits.items():
             for i, lang in enumerate(("en", "es")):
                 (directory / f"{split}.{lang}").write_text(
-                    "".join(p[i] + "\n" for p in pairs), encoding="utf-8")
+                    "".join(p[i] + "\n" for p in pairs), encoding="utf-8"
+                )
             out.append(f"data.{split}.path={directory / split}")
     elif fmt in ("tsv", "csv"):
         for split, pairs in splits.items():
             path = directory / f"{split}.{fmt}"
             with open(path, "w", encoding="utf-8", newline="") as f:
-                writer = csv.writer(f, delimiter="\t" if fmt == "tsv" else ",",
-                                    quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
-                                    escapechar="\\" if fmt == "tsv" else None)
+                writer = csv.writer(
+                    f,
+                    delimiter="\t" if fmt == "tsv" else ",",
+                    quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
+                    escapechar="\\" if fmt == "tsv" else None,
+                )
                 writer.writerow(["en", "es"])
                 writer.writerows(pairs)
             out.append(f"data.{split}.path={path}")
     elif fmt == "jsonl":
         for split, pairs in splits.items():
             path = directory / f"{split}.jsonl"
-            path.write_text("".join(json.dumps({"translation": {"en": s, "es": t}},
-                                               ensure_ascii=False) + "\n" for s, t in pairs),
-                            encoding="utf-8")
+            path.write_text(
+                "".join(
+                    json.dumps({"translation": {"en": s, "es": t}}, ensure_ascii=False) + "\n"
+                    for s, t in pairs
+                ),
+                encoding="utf-8",
+            )
             out.append(f"data.{split}.path={path}")
     elif fmt == "disk":
         from datasets import Dataset, DatasetDict
 
-        DatasetDict({split: Dataset.from_dict({"translation": [{"en": s, "es": t}
-                                                               for s, t in pairs]})
-                     for split, pairs in splits.items()}).save_to_disk(str(directory / "ds"))
+        DatasetDict(
+            {
+                split: Dataset.from_dict({"translation": [{"en": s, "es": t} for s, t in pairs]})
+                for split, pairs in splits.items()
+            }
+        ).save_to_disk(str(directory / "ds"))
         out += [f"data.{s}.path={directory / 'ds'}" for s in splits]
         out += [f"data.{s}.split={s}" for s in splits]
     elif fmt == "hub":  # a local dataset with the hub layout: config "en-es", named splits
-        path = write_hub_dataset(directory / "hub", "en-es", {"train": splits["train"],
-                                 "validation": splits["dev"], "test": splits["test"]}, "en", "es")
+        path = write_hub_dataset(
+            directory / "hub",
+            "en-es",
+            {"train": splits["train"], "validation": splits["dev"], "test": splits["test"]},
+            "en",
+            "es",
+        )
         out += [f"data.{s}.path={path}" for s in splits] + [f"data.{s}.name=en-es" for s in splits]
         out += ["data.train.split=train", "data.dev.split=validation", "data.test.split=test"]
     else:
@@ -148,19 +277,36 @@ def _write_data(directory: Path, fmt: str) -> list[str]:
 
 
 def _overrides(workdir: Path, chain: dict) -> list[str]:
-    keys = {"tokenizer.vocab_size": 200, "model.d_model": 16, "model.num_heads": 2,
-            "model.d_ff": 32, "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
-            "data.max_len": 32, "data.max_tokens": 256, "train.warmup_steps": 2,
-            "train.log_every": 1, "train.eval_every": 2, "train.checkpoint_every": 2,
-            "train.dev_bleu": False, "train.best_metric": "loss", "train.bleu_subset": 8,
-            "decode.beam_size": 2, "decode.max_len_a": 1.0, "decode.max_len_b": 4}
+    keys = {
+        "tokenizer.vocab_size": 200,
+        "model.d_model": 16,
+        "model.num_heads": 2,
+        "model.d_ff": 32,
+        "model.num_encoder_layers": 1,
+        "model.num_decoder_layers": 1,
+        "data.max_len": 32,
+        "data.max_tokens": 256,
+        "train.warmup_steps": 2,
+        "train.log_every": 1,
+        "train.eval_every": 2,
+        "train.checkpoint_every": 2,
+        "train.dev_bleu": False,
+        "train.best_metric": "loss",
+        "train.bleu_subset": 8,
+        "decode.beam_size": 2,
+        "decode.max_len_a": 1.0,
+        "decode.max_len_b": 4,
+    }
     keys.update({k: v for k, v in chain.items() if "." in k})
     if not keys.get("tokenizer.joint", True) and keys.get("model.share_embeddings", "all") == "all":
         keys["model.share_embeddings"] = "target"
     for key, value in keys.items():
-        RAN.setdefault(key, set()).add(str(value).lower() if isinstance(value, bool) else str(value))
-    return [f"workdir={workdir}"] + [f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                                     for k, v in keys.items()]
+        RAN.setdefault(key, set()).add(
+            str(value).lower() if isinstance(value, bool) else str(value)
+        )
+    return [f"workdir={workdir}"] + [
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in keys.items()
+    ]
 
 
 def _ready_models(directory: Path, joint: bool) -> list[str]:
@@ -210,8 +356,11 @@ def compilation_cache(tmp_path_factory):
     compiles once. Restored afterwards."""
     import jax
 
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-            "jax_persistent_cache_min_entry_size_bytes")
+    keys = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
     old = {k: getattr(jax.config, k) for k in keys}
     for k, v in zip(keys, (str(tmp_path_factory.mktemp("jax_cache")), 0.0, 0)):
         jax.config.update(k, v)
@@ -227,7 +376,9 @@ def test_chain(name, tmp_path, capsys):
     RAN.setdefault("data.*.format", set()).add(fmt)
     workdir = tmp_path / "run"
     overrides = _overrides(workdir, chain) + _write_data(tmp_path / "data", fmt)
-    if chain.get("ready_models"):  # tokenizer.(src_|tgt_)model_file: SentencePiece models made apart
+    if chain.get(
+        "ready_models"
+    ):  # tokenizer.(src_|tgt_)model_file: SentencePiece models made apart
         overrides += _ready_models(tmp_path / "spm", chain.get("tokenizer.joint", True))
 
     # train 2 steps (checkpoint), then the same command with more steps resumes at 2
@@ -256,8 +407,12 @@ def test_chain(name, tmp_path, capsys):
     source = tmp_path / "in.en"
     source.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
     hyp = tmp_path / "out.es"
-    assert cli.translate_main(["--workdir", str(workdir), "--input", str(source),
-                               "--output", str(hyp), *args]) == 0, capsys.readouterr().err
+    assert (
+        cli.translate_main(
+            ["--workdir", str(workdir), "--input", str(source), "--output", str(hyp), *args]
+        )
+        == 0
+    ), capsys.readouterr().err
     _check_translations(hyp, args, len(SENTENCES))
 
     # evaluate: the run's own test split (read again in its format), and a file pair
@@ -265,11 +420,27 @@ def test_chain(name, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"{TEST} sentences in" in out
     # the checkpoint and the score of training's own test decode
-    assert f"BLEU = {summary['test_bleu']:.2f} " in out and f"chrF = {summary['test_chrf']:.2f} " in out
+    assert (
+        f"BLEU = {summary['test_bleu']:.2f} " in out
+        and f"chrF = {summary['test_chrf']:.2f} " in out
+    )
     refs = tmp_path / "ref.es"
     refs.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
-    assert cli.evaluate_main(["--workdir", str(workdir), "--src", str(source), "--ref", str(refs),
-                              "--output", str(tmp_path / "eval.hyp")]) == 0
+    assert (
+        cli.evaluate_main(
+            [
+                "--workdir",
+                str(workdir),
+                "--src",
+                str(source),
+                "--ref",
+                str(refs),
+                "--output",
+                str(tmp_path / "eval.hyp"),
+            ]
+        )
+        == 0
+    )
     assert re.search(r"BLEU = \d", capsys.readouterr().out)
 
     if chain.get("plot"):
@@ -281,6 +452,18 @@ def test_chain(name, tmp_path, capsys):
     assert cli.average_main(["--workdir", str(workdir), "--last", "2"]) == 0
     capsys.readouterr()
     averaged = tmp_path / "out.avg.es"
-    assert cli.translate_main(["--workdir", str(workdir / "average"), "--input", str(source),
-                               "--output", str(averaged), *args]) == 0, capsys.readouterr().err
+    assert (
+        cli.translate_main(
+            [
+                "--workdir",
+                str(workdir / "average"),
+                "--input",
+                str(source),
+                "--output",
+                str(averaged),
+                *args,
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     _check_translations(averaged, args, len(SENTENCES))

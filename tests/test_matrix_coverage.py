@@ -3,21 +3,28 @@ README lists exactly those choices: a value that is not run is not documented.""
 
 import re
 
+from test_matrix import CHAINS
+from tiny_run import ROOT
+
 from seq2seq.config import MODEL_CHOICES
 from seq2seq.data.sources import FORMATS
 from seq2seq.data.tokenizer import MODEL_TYPES, NORMALIZATIONS
 from seq2seq.translation import LENGTH_PENALTIES
-from test_matrix import CHAINS
-from tiny_run import ROOT
 
-CHOICES = {**{f"model.{k}": v for k, v in MODEL_CHOICES.items()},
-           "tokenizer.model_type": MODEL_TYPES, "tokenizer.normalization": NORMALIZATIONS,
-           "decode.length_penalty": LENGTH_PENALTIES}
+CHOICES = {
+    **{f"model.{k}": v for k, v in MODEL_CHOICES.items()},
+    "tokenizer.model_type": MODEL_TYPES,
+    "tokenizer.normalization": NORMALIZATIONS,
+    "decode.length_penalty": LENGTH_PENALTIES,
+}
 
 
 def _values(key):
-    return {str(c[key]).lower() if isinstance(c[key], bool) else c[key]
-            for c in CHAINS.values() if key in c}
+    return {
+        str(c[key]).lower() if isinstance(c[key], bool) else c[key]
+        for c in CHAINS.values()
+        if key in c
+    }
 
 
 def test_matrix_covers_every_choice():
@@ -29,8 +36,11 @@ def test_matrix_covers_every_choice():
     # each position scheme in both dtypes, the separate vocabularies with both untied modes
     pairs = {(c["model.positions"], c["model.dtype"]) for c in CHAINS.values()}
     assert pairs == {(p, d) for p in MODEL_CHOICES["positions"] for d in MODEL_CHOICES["dtype"]}
-    assert {c.get("model.share_embeddings") for c in CHAINS.values()
-            if c.get("tokenizer.joint") is False} >= {"target", "none"}
+    assert {
+        c.get("model.share_embeddings")
+        for c in CHAINS.values()
+        if c.get("tokenizer.joint") is False
+    } >= {"target", "none"}
     full = [c for c in CHAINS.values() if not c.get("light")]
     assert {c["model.positions"] for c in full} == set(MODEL_CHOICES["positions"])
 

@@ -4,8 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import BOS, EOS, packed_batch, random_pairs, tiny_config, unpacked_batch
+
 from seq2seq.decoding import decode_beams, init_beams, reorder_beams
 from seq2seq.model import build_model
 from seq2seq.model.positions import sinusoidal_embedding
@@ -46,8 +46,9 @@ def scheme_model(positions, norm, **changes):
     """A tiny model per (scheme, norm), built once per session (building is the slow part)."""
     key = (positions, norm, tuple(sorted(changes.items())))
     if key not in _MODELS:
-        _MODELS[key] = build_model(tiny_config(positions=positions, norm=norm, max_len=32,
-                                               **changes), seed=2)
+        _MODELS[key] = build_model(
+            tiny_config(positions=positions, norm=norm, max_len=32, **changes), seed=2
+        )
     return _MODELS[key]
 
 
@@ -95,7 +96,7 @@ def test_packed_rows_equal_separate_rows(positions, norm, rng):
         pos = 0
         for i in members:
             n = len(tgt[i])
-            np.testing.assert_allclose(logits_packed[r, pos:pos + n], single[i, :n], atol=1e-4)
+            np.testing.assert_allclose(logits_packed[r, pos : pos + n], single[i, :n], atol=1e-4)
             pos += n
 
 
@@ -149,8 +150,9 @@ def test_reordered_hypotheses_read_their_ancestors_cache(positions, rng):
     _, tgt = random_pairs(2 * beam, rng, lo=length, hi=length + 1)
     tgt = np.stack(tgt)[:, :length].reshape(2, beam, length)
     parents = np.array([[2, 0, 0], [1, 1, 2]])
-    joined = np.concatenate([np.take_along_axis(tgt, parents[:, :, None], 1)[:, :, :before],
-                             tgt[:, :, before:]], axis=2)
+    joined = np.concatenate(
+        [np.take_along_axis(tgt, parents[:, :, None], 1)[:, :, :before], tgt[:, :, before:]], axis=2
+    )
 
     def inputs(t):  # decoder inputs [2, beam, length]: BOS, then the targets shifted right
         return np.concatenate([np.full((2, beam, 1), BOS), t[:, :, :-1]], axis=2)
@@ -168,8 +170,9 @@ def test_reordered_hypotheses_read_their_ancestors_cache(positions, rng):
     steps = np.stack(steps, axis=2)  # [2, beam, length, vocab]
 
     rows = [s for s in src for _ in range(beam)]
-    full = np.asarray(model(unpacked_batch(rows, list(joined.reshape(2 * beam, length)), 12),
-                            bos_id=BOS))[:, :length].reshape(2, beam, length, -1)
+    full = np.asarray(
+        model(unpacked_batch(rows, list(joined.reshape(2 * beam, length)), 12), bos_id=BOS)
+    )[:, :length].reshape(2, beam, length, -1)
     np.testing.assert_allclose(steps[:, :, before:], full[:, :, before:], atol=1e-5)
     assert np.abs(steps[:, 1, before:] - steps[:, 2, before:]).max() > 1e-3  # not all equal
 
@@ -191,16 +194,21 @@ def test_learned_positions_name_the_length_and_the_table_size(rng):
     model = build_model(tiny_config(positions="learned", max_len=8), seed=0)
     src, tgt = random_pairs(2, rng)
     batch = unpacked_batch(src, tgt, 12)
-    with pytest.raises(ValueError, match=r"input length 12 exceeds the learned position table "
-                                         r"of 8 positions \(model.max_len\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"input length 12 exceeds the learned position table "
+        r"of 8 positions \(model.max_len\)",
+    ):
         model(batch, bos_id=BOS)
-    encoded = model.encode(batch["src"][:, :8], batch["src_segments"][:, :8],
-                           batch["src_positions"][:, :8])
+    encoded = model.encode(
+        batch["src"][:, :8], batch["src_segments"][:, :8], batch["src_positions"][:, :8]
+    )
     with pytest.raises(ValueError, match="input length 9 exceeds .* of 8 positions"):
         model.init_cache(encoded, batch["src_segments"][:, :8], max_len=9, slots=9)
 
 
 # -- norm placement against the formulas, in plain jax.numpy ---------------------------------
+
 
 def _ref_layer_norm(x, p):
     mean = x.mean(-1, keepdims=True)
@@ -223,7 +231,10 @@ def _ref_attention(xq, xkv, mask, p, heads):
 
 
 def _ref_ffn(x, p):  # eq. 2
-    return jnp.maximum(0.0, x @ p["wi"]["kernel"] + p["wi"]["bias"]) @ p["wo"]["kernel"] + p["wo"]["bias"]
+    return (
+        jnp.maximum(0.0, x @ p["wi"]["kernel"] + p["wi"]["bias"]) @ p["wo"]["kernel"]
+        + p["wo"]["bias"]
+    )
 
 
 def _ref_pe(length, d):  # §3.5
@@ -236,7 +247,7 @@ def _ref_pe(length, d):  # §3.5
 
 
 def _ref_forward(p, src, tgt_in, norm, heads):
-    """The 1-layer Transformer written from the paper: post = LN(x + Sub(x)); pre = x + Sub(LN(x))."""
+    """The 1-layer Transformer from the paper: post = LN(x + Sub(x)); pre = x + Sub(LN(x))."""
     d = p["embed"]["embedding"].shape[1]
 
     def block(x, sub, norm_params):
@@ -248,8 +259,11 @@ def _ref_forward(p, src, tgt_in, norm, heads):
     enc = emb[src] * np.sqrt(d) + _ref_pe(len(src), d)
     e = p["encoder_layers"][0]
     every = jnp.ones((len(src), len(src)), bool)
-    enc = block(enc, lambda h: _ref_attention(h, h, every, e["self_attention"], heads),
-                e["attention_block"]["norm"])
+    enc = block(
+        enc,
+        lambda h: _ref_attention(h, h, every, e["self_attention"], heads),
+        e["attention_block"]["norm"],
+    )
     enc = block(enc, lambda h: _ref_ffn(h, e["ffn"]), e["ffn_block"]["norm"])
     if norm == "pre":
         enc = _ref_layer_norm(enc, p["encoder_norm"])
@@ -258,10 +272,16 @@ def _ref_forward(p, src, tgt_in, norm, heads):
     dl = p["decoder_layers"][0]
     causal = jnp.tril(jnp.ones((len(tgt_in), len(tgt_in)), bool))
     cross = jnp.ones((len(tgt_in), len(src)), bool)
-    x = block(x, lambda h: _ref_attention(h, h, causal, dl["self_attention"], heads),
-              dl["self_block"]["norm"])
-    x = block(x, lambda h: _ref_attention(h, enc, cross, dl["cross_attention"], heads),
-              dl["cross_block"]["norm"])
+    x = block(
+        x,
+        lambda h: _ref_attention(h, h, causal, dl["self_attention"], heads),
+        dl["self_block"]["norm"],
+    )
+    x = block(
+        x,
+        lambda h: _ref_attention(h, enc, cross, dl["cross_attention"], heads),
+        dl["cross_block"]["norm"],
+    )
     x = block(x, lambda h: _ref_ffn(h, dl["ffn"]), dl["ffn_block"]["norm"])
     if norm == "pre":
         x = _ref_layer_norm(x, p["decoder_norm"])
@@ -293,6 +313,7 @@ def test_norm_placement_matches_the_formulas(norm):
 
 # -- symmetry: without positions the encoder is permutation-equivariant -----------------------
 
+
 @pytest.mark.parametrize("positions", SCHEMES)
 def test_permuting_the_source_permutes_the_encoder_output_only_without_positions(positions):
     model = scheme_model(positions, "pre")
@@ -309,6 +330,7 @@ def test_permuting_the_source_permutes_the_encoder_output_only_without_positions
 
 
 # -- attention-weight inspection ------------------------------------------------------------
+
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "relative", "alibi", "rope"])
 def test_attention_weights_are_the_softmax_the_model_uses(positions, rng):
@@ -335,6 +357,7 @@ def test_attention_weights_are_the_softmax_the_model_uses(positions, rng):
     assert np.abs(np.asarray(got["decoder"]) * future[None, :, None]).max() == 0.0  # causal
     # the model itself is unchanged: nothing sown, fast path again
     from flax import nnx
+
     assert not jax.tree.leaves(nnx.state(model, nnx.Intermediate))
     assert not model.encoder_layers[0].self_attention.sow_weights
 

@@ -13,16 +13,25 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 from flax import nnx
+from test_tokenizer import corpus
 
-from seq2seq.config import (Config, ConfigError, DataConfig, DecodeConfig, ModelConfig,
-                            SourceConfig, TokenizerConfig, load_config, replace)
+from seq2seq.config import (
+    Config,
+    ConfigError,
+    DataConfig,
+    DecodeConfig,
+    ModelConfig,
+    SourceConfig,
+    TokenizerConfig,
+    load_config,
+    replace,
+)
 from seq2seq.data.batching import FIELDS, PackedBatches, real_token_share
 from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.data.tokenizer import Tokenizer, train_or_load
 from seq2seq.model import build_model
 from seq2seq.training.step import make_eval_step
 from seq2seq.translation import Translator
-from test_tokenizer import corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 TATOEBA = ROOT / "data" / "tatoeba-en-es"
@@ -42,7 +51,9 @@ def _private_hf_cache(tmp_path_factory):
 
 def write_split(directory: Path, name: str, en: list[str], es: list[str]) -> str:
     for lang, lines in (("en", en), ("es", es)):
-        (directory / f"{name}.{lang}").write_text("".join(s + "\n" for s in lines), encoding="utf-8")
+        (directory / f"{name}.{lang}").write_text(
+            "".join(s + "\n" for s in lines), encoding="utf-8"
+        )
     return str(directory / name)
 
 
@@ -56,23 +67,43 @@ def toy(tmp_path) -> dict:
     dev_en, dev_es = dev_en + [LONG_EN], dev_es + [LONG_ES]
     test_en, test_es = corpus(10, seed=2)
     test_en, test_es = test_en + [HUGE_EN], test_es + ["Tom."]
-    return {"dir": tmp_path, "train": (train_en, train_es), "dev": (dev_en, dev_es),
-            "test": (test_en, test_es),
-            "paths": {s: write_split(tmp_path, s, *v) for s, v in
-                      (("train", (train_en, train_es)), ("dev", (dev_en, dev_es)),
-                       ("test", (test_en, test_es)))}}
+    return {
+        "dir": tmp_path,
+        "train": (train_en, train_es),
+        "dev": (dev_en, dev_es),
+        "test": (test_en, test_es),
+        "paths": {
+            s: write_split(tmp_path, s, *v)
+            for s, v in (
+                ("train", (train_en, train_es)),
+                ("dev", (dev_en, dev_es)),
+                ("test", (test_en, test_es)),
+            )
+        },
+    }
 
 
 def toy_config(toy: dict, **changes) -> Config:
     paths = toy["paths"]
     config = Config(
         workdir=str(toy["dir"] / "run"),
-        data=DataConfig(train=SourceConfig(path=paths["train"]),
-                        dev=SourceConfig(path=paths["dev"]), test=SourceConfig(path=paths["test"]),
-                        max_len=40, max_tokens=160),
+        data=DataConfig(
+            train=SourceConfig(path=paths["train"]),
+            dev=SourceConfig(path=paths["dev"]),
+            test=SourceConfig(path=paths["test"]),
+            max_len=40,
+            max_tokens=160,
+        ),
         tokenizer=TokenizerConfig(vocab_size=48),
-        model=ModelConfig(d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
-                          d_ff=32, dropout_rate=0.0))
+        model=ModelConfig(
+            d_model=16,
+            num_heads=2,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            d_ff=32,
+            dropout_rate=0.0,
+        ),
+    )
     return replace(config, **changes)
 
 
@@ -85,8 +116,12 @@ def test_only_training_pairs_are_dropped_and_every_cut_is_counted(toy):
     short, wordy = len(tok.source.encode([SHORT_EN])[0]), len(tok.target.encode([WORDY_ES])[0])
     assert wordy / short > 3 and wordy <= 40
     s = data.stats
-    assert (s["train_pairs_read"], s["train_pairs_dropped_length"],
-            s["train_pairs_dropped_ratio"], s["train_pairs"]) == (302, 1, 1, 300)
+    assert (
+        s["train_pairs_read"],
+        s["train_pairs_dropped_length"],
+        s["train_pairs_dropped_ratio"],
+        s["train_pairs"],
+    ) == (302, 1, 1, 300)
     assert (s["dev_pairs"], s["dev_pairs_truncated"]) == (21, 1)
     assert (s["test_pairs"], s["test_sources_truncated"]) == (11, 1)
     assert decode_source_limit(config) == 256
@@ -94,8 +129,11 @@ def test_only_training_pairs_are_dropped_and_every_cut_is_counted(toy):
     assert s["dev_sources_in_train"] == sum(x in train_sources for x in toy["dev"][0])
     assert s["test_sources_in_train"] == sum(x in train_sources for x in toy["test"][0])
     assert s["tokenize_sentences"] == 2 * 302 + 2 * 21 + 2 * 11  # test targets: unknown rate
-    assert [s[f"{split}_{side}_unknown_rate"] for split in ("train", "dev", "test")
-            for side in ("source", "target")] == [0.0] * 6  # the toy text is all in the vocabulary
+    assert [
+        s[f"{split}_{side}_unknown_rate"]
+        for split in ("train", "dev", "test")
+        for side in ("source", "target")
+    ] == [0.0] * 6  # the toy text is all in the vocabulary
     assert s["tokenize_sentences_per_second"] > 0 and s["token_cache_hits"] == 0
     assert 0.5 < s["train_real_token_share"] <= 1
     # every dev pair is in the dev batches, the long one cut to max_len and ending in EOS
@@ -108,10 +146,18 @@ def test_only_training_pairs_are_dropped_and_every_cut_is_counted(toy):
 def test_a_second_run_neither_retrains_nor_retokenizes(toy, monkeypatch):
     config = toy_config(toy)
     first = prepare(config, config.workdir)
-    cached = sorted(p.name.split(".")[0] + "." + p.name.split(".")[1]
-                    for p in (Path(config.workdir) / "tokens").glob("*.npz"))
-    assert cached == ["dev.source", "dev.target", "test.source", "test.target", "train.source",
-                      "train.target"]
+    cached = sorted(
+        p.name.split(".")[0] + "." + p.name.split(".")[1]
+        for p in (Path(config.workdir) / "tokens").glob("*.npz")
+    )
+    assert cached == [
+        "dev.source",
+        "dev.target",
+        "test.source",
+        "test.target",
+        "train.source",
+        "train.target",
+    ]
 
     monkeypatch.setattr(spm.SentencePieceTrainer, "train", lambda **kw: pytest.fail("retrained"))
     monkeypatch.setattr(Tokenizer, "encode", lambda *a, **kw: pytest.fail("tokenized again"))
@@ -119,8 +165,14 @@ def test_a_second_run_neither_retrains_nor_retokenizes(toy, monkeypatch):
     s = second.stats
     assert s["token_cache_hits"] == 6 and s["tokenize_sentences"] == 0
     assert "tokenize_sentences_per_second" not in s
-    for key in ("train_pairs", "train_pairs_dropped_length", "train_pairs_dropped_ratio",
-                "dev_pairs_truncated", "test_sources_truncated", "train_real_token_share"):
+    for key in (
+        "train_pairs",
+        "train_pairs_dropped_length",
+        "train_pairs_dropped_ratio",
+        "dev_pairs_truncated",
+        "test_sources_truncated",
+        "train_real_token_share",
+    ):
         assert s[key] == first.stats[key]
     for step in (0, 3, first.train.batches_in_epoch(0) + 1):
         a, b = first.train.batch_at(step), second.train.batch_at(step)
@@ -129,22 +181,31 @@ def test_a_second_run_neither_retrains_nor_retokenizes(toy, monkeypatch):
 
 
 def test_separate_vocabularies_with_shared_embeddings_fail_before_reading(tmp_path):
-    config = Config(workdir=str(tmp_path / "run"),
-                    data=DataConfig(train=SourceConfig(path=str(tmp_path / "missing"))),
-                    tokenizer=TokenizerConfig(joint=False))
+    config = Config(
+        workdir=str(tmp_path / "run"),
+        data=DataConfig(train=SourceConfig(path=str(tmp_path / "missing"))),
+        tokenizer=TokenizerConfig(joint=False),
+    )
     with pytest.raises(ConfigError, match="model.share_embeddings=target or none"):
         prepare(config, config.workdir)
     with pytest.raises(ConfigError, match="tokenizer.character_coverage=0.5"):
-        prepare(replace(config, **{"tokenizer.joint": True,
-                                   "tokenizer.character_coverage": 0.5}), config.workdir)
+        prepare(
+            replace(config, **{"tokenizer.joint": True, "tokenizer.character_coverage": 0.5}),
+            config.workdir,
+        )
 
 
 def test_separate_vocabularies_feed_a_model_with_two_embedding_tables(toy):
     en, _ = toy["train"]
     given = train_or_load(en, TokenizerConfig(vocab_size=40), toy["dir"] / "given")
-    config = toy_config(toy, **{"tokenizer.joint": False,
-                                "tokenizer.src_model_file": str(given.path),
-                                "model.share_embeddings": False})
+    config = toy_config(
+        toy,
+        **{
+            "tokenizer.joint": False,
+            "tokenizer.src_model_file": str(given.path),
+            "model.share_embeddings": False,
+        },
+    )
     data = prepare(config, config.workdir)
     assert not data.tokenizer.joint
     assert (Path(config.workdir) / "spm.es.model").is_file()
@@ -169,9 +230,13 @@ def test_separate_vocabularies_feed_a_model_with_two_embedding_tables(toy):
     assert float(m["nll"]) / tokens == pytest.approx(np.log(48), rel=0.2)
 
     # the pair stands in for a Tokenizer in translation: source ids in, target text out
-    translator = Translator(graphdef, params, data.tokenizer,
-                            DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=6),
-                            max_src_len=decode_source_limit(config))
+    translator = Translator(
+        graphdef,
+        params,
+        data.tokenizer,
+        DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=6),
+        max_src_len=decode_source_limit(config),
+    )
     [[hyp]] = translator.translate(["Tom sees the cat."])
     assert len(hyp.tokens) > 0 and max(hyp.tokens) < 48
     assert hyp.text == data.tokenizer.target.decode([hyp.tokens])[0]
@@ -208,9 +273,14 @@ def test_packing_fills_over_90_percent_of_tokens_on_the_shipped_corpus(tmp_path)
     assert tok.vocab_size == config.tokenizer.vocab_size == 8000
     src, tgt = tok.encode(en), tok.encode(es)
     keep = [i for i in range(len(src)) if max(len(src[i]), len(tgt[i])) <= d.max_len]
-    batches = PackedBatches([src[i] for i in keep], [tgt[i] for i in keep], max_len=d.max_len,
-                            rows=d.max_tokens // d.max_len, seed=config.train.seed,
-                            packing=d.packing)
+    batches = PackedBatches(
+        [src[i] for i in keep],
+        [tgt[i] for i in keep],
+        max_len=d.max_len,
+        rows=d.max_tokens // d.max_len,
+        seed=config.train.seed,
+        packing=d.packing,
+    )
     shares = [real_token_share(batches.batch_at(k)) for k in range(5)]
     assert min(shares) >= 0.9, shares
     assert batches.real_token_share(0) >= 0.9
@@ -223,8 +293,10 @@ def test_shipped_corpus_end_to_end_share_and_cache(tmp_path):
     first = prepare(config, tmp_path)
     s = first.stats
     assert (s["train_pairs_read"], s["dev_pairs"], s["test_pairs"]) == (136_672, 1_416, 2_780)
-    assert s["train_pairs"] + s["train_pairs_dropped_length"] + s["train_pairs_dropped_ratio"] \
+    assert (
+        s["train_pairs"] + s["train_pairs_dropped_length"] + s["train_pairs_dropped_ratio"]
         == s["train_pairs_read"]
+    )
     assert s["train_pairs_dropped_length"] + s["train_pairs_dropped_ratio"] < 100
     assert s["train_real_token_share"] >= 0.9
     assert all(real_token_share(first.train.batch_at(k)) >= 0.9 for k in range(10))

@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq.model.positions import (RelativePositionBias, alibi_bias, alibi_slopes, apply_rope,
-                                     relative_position_bucket, sinusoidal_embedding)
+from seq2seq.model.positions import (
+    RelativePositionBias,
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    relative_position_bucket,
+    sinusoidal_embedding,
+)
 
 
 def _is_toeplitz(m: np.ndarray, atol: float) -> bool:
@@ -16,6 +22,7 @@ def _is_toeplitz(m: np.ndarray, atol: float) -> bool:
 
 
 # -- sinusoidal (Vaswani et al. 2017, §3.5) --------------------------------------------------
+
 
 def test_sinusoidal_shift_is_a_fixed_rotation_per_frequency_pair():
     # §3.5: "for any fixed offset k, PE(pos+k) can be represented as a linear function of
@@ -27,16 +34,16 @@ def test_sinusoidal_shift_is_a_fixed_rotation_per_frequency_pair():
     for i, w in enumerate(omega):
         c, s = np.cos(k * w), np.sin(k * w)
         # sin(a+b) = sin a cos b + cos a sin b ; cos(a+b) = cos a cos b − sin a sin b
-        m[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[c, s], [-s, c]]
+        m[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = [[c, s], [-s, c]]
     np.testing.assert_allclose(pe[:-k] @ m.T, pe[k:], atol=2e-5)
     # the map is the same for every pos: fitted by least squares from positions 0..499, each
     # pair's 2×2 map is this rotation and predicts positions 500..999 as well
     pe = np.asarray(sinusoidal_embedding(jnp.arange(1000 + k), d), np.float64)
     for i in range(d // 2):
-        pair = pe[:, 2 * i:2 * i + 2]
-        fitted, *_ = np.linalg.lstsq(pair[:500], pair[k:500 + k], rcond=None)
-        np.testing.assert_allclose(fitted.T, m[2 * i:2 * i + 2, 2 * i:2 * i + 2], atol=1e-3)
-        np.testing.assert_allclose(pair[500:1000] @ fitted, pair[500 + k:], atol=1e-3)
+        pair = pe[:, 2 * i : 2 * i + 2]
+        fitted, *_ = np.linalg.lstsq(pair[:500], pair[k : 500 + k], rcond=None)
+        np.testing.assert_allclose(fitted.T, m[2 * i : 2 * i + 2, 2 * i : 2 * i + 2], atol=1e-3)
+        np.testing.assert_allclose(pair[500:1000] @ fitted, pair[500 + k :], atol=1e-3)
     # and it is orthogonal (a rotation: the norm of PE is the same at every position)
     np.testing.assert_allclose(m @ m.T, np.eye(d), atol=1e-12)
 
@@ -47,6 +54,7 @@ def test_sinusoidal_rejects_odd_width():
 
 
 # -- RoPE (Su et al. 2021) --------------------------------------------------------------------
+
 
 def test_rope_score_depends_only_on_the_offset():
     kq, kk = jax.random.split(jax.random.key(0))
@@ -65,8 +73,11 @@ def test_rope_score_depends_only_on_the_offset():
             first = scores
     np.testing.assert_allclose(scores, first, atol=2e-3)  # and not on the absolute position
     # a rotation: norms are kept; position 0 is the identity
-    np.testing.assert_allclose(jnp.linalg.norm(rq, axis=-1), jnp.linalg.norm(
-        jnp.broadcast_to(q, rq.shape), axis=-1), rtol=1e-5)
+    np.testing.assert_allclose(
+        jnp.linalg.norm(rq, axis=-1),
+        jnp.linalg.norm(jnp.broadcast_to(q, rq.shape), axis=-1),
+        rtol=1e-5,
+    )
     np.testing.assert_allclose(apply_rope(q, jnp.zeros((1, 1), jnp.int32)), q, atol=1e-7)
 
 
@@ -77,18 +88,24 @@ def test_rope_matches_the_rotation_formula():
     out = np.asarray(apply_rope(x, jnp.full((1, 1), p, jnp.int32)))[0, 0, 0]
     v = np.arange(1.0, 9.0)
     theta = 10000.0 ** (-np.arange(4) / 4)
-    want = np.concatenate([v[:4] * np.cos(p * theta) - v[4:] * np.sin(p * theta),
-                           v[4:] * np.cos(p * theta) + v[:4] * np.sin(p * theta)])
+    want = np.concatenate(
+        [
+            v[:4] * np.cos(p * theta) - v[4:] * np.sin(p * theta),
+            v[4:] * np.cos(p * theta) + v[:4] * np.sin(p * theta),
+        ]
+    )
     np.testing.assert_allclose(out, want, rtol=1e-5)
 
 
 # -- ALiBi (Press et al. 2022) ----------------------------------------------------------------
 
+
 def test_alibi_slopes_follow_the_paper():
-    np.testing.assert_allclose(alibi_slopes(8), [2.0 ** -k for k in range(1, 9)])
+    np.testing.assert_allclose(alibi_slopes(8), [2.0**-k for k in range(1, 9)])
     # not a power of two (6): slopes of 4 heads, then every other slope of 8 heads
-    np.testing.assert_allclose(alibi_slopes(6), [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8,
-                                                 2.0 ** -1, 2.0 ** -3])
+    np.testing.assert_allclose(
+        alibi_slopes(6), [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]
+    )
 
 
 def test_alibi_bias_depends_only_on_the_offset():
@@ -102,6 +119,7 @@ def test_alibi_bias_depends_only_on_the_offset():
 
 
 # -- T5 relative bias (Raffel et al. 2020) ----------------------------------------------------
+
 
 def test_relative_buckets_match_t5():
     rel = jnp.array([0, -1, -7, -8, -16, -127, -128, -1000, 1, 7, 16, 1000])  # key − query
@@ -126,8 +144,13 @@ def test_relative_bias_depends_only_on_the_offset(bidirectional):
     np.testing.assert_array_equal(bias, first)
     # each entry is the table value of its bucket, per head
     table = np.asarray(module.table[...])
-    buckets = np.asarray(relative_position_bucket(
-        jnp.arange(30)[None, :] - jnp.arange(30)[:, None], bidirectional=bidirectional,
-        num_buckets=8, max_distance=20))
+    buckets = np.asarray(
+        relative_position_bucket(
+            jnp.arange(30)[None, :] - jnp.arange(30)[:, None],
+            bidirectional=bidirectional,
+            num_buckets=8,
+            max_distance=20,
+        )
+    )
     np.testing.assert_array_equal(first[0], table[:, buckets])
     assert np.ptp(first[0, 0][np.tril_indices(30)]) > 0  # distinct distances, distinct biases

@@ -33,18 +33,51 @@ def formula(c: ModelConfig) -> dict[str, tuple[int, int]]:
     }
 
 
-@pytest.mark.parametrize("changes", [
-    dict(d_model=512, d_ff=2048, num_heads=8, num_encoder_layers=1, num_decoder_layers=1,
-         norm="post"),
-    dict(d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=3),
-    dict(d_model=48, d_ff=80, num_heads=6, num_encoder_layers=3, num_decoder_layers=1,
-         activation="swiglu", share_embeddings="none", positions="learned", max_len=40),
-    dict(d_model=64, d_ff=96, num_heads=2, num_encoder_layers=1, num_decoder_layers=2,
-         activation="geglu", share_embeddings="target", positions="relative", norm="post",
-         relpos_buckets=16),
-    dict(d_model=16, d_ff=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2,
-         positions="rope"),
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(
+            d_model=512,
+            d_ff=2048,
+            num_heads=8,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            norm="post",
+        ),
+        dict(d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=3),
+        dict(
+            d_model=48,
+            d_ff=80,
+            num_heads=6,
+            num_encoder_layers=3,
+            num_decoder_layers=1,
+            activation="swiglu",
+            share_embeddings="none",
+            positions="learned",
+            max_len=40,
+        ),
+        dict(
+            d_model=64,
+            d_ff=96,
+            num_heads=2,
+            num_encoder_layers=1,
+            num_decoder_layers=2,
+            activation="geglu",
+            share_embeddings="target",
+            positions="relative",
+            norm="post",
+            relpos_buckets=16,
+        ),
+        dict(
+            d_model=16,
+            d_ff=32,
+            num_heads=2,
+            num_encoder_layers=2,
+            num_decoder_layers=2,
+            positions="rope",
+        ),
+    ],
+)
 def test_counts_equal_the_formulas(changes):
     config = ModelConfig(vocab_size=123, **changes)
     counts = parameter_counts(abstract_model(config))
@@ -53,12 +86,20 @@ def test_counts_equal_the_formulas(changes):
 
 
 def test_one_layer_of_the_base_model_is_the_papers_table():
-    config = ModelConfig(vocab_size=10, d_model=512, d_ff=2048, num_heads=8, num_encoder_layers=1,
-                         num_decoder_layers=1)
+    config = ModelConfig(
+        vocab_size=10,
+        d_model=512,
+        d_ff=2048,
+        num_heads=8,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    )
     counts = parameter_counts(abstract_model(config))
-    assert counts["encoder attention"].weights == 4 * 512 ** 2 == 1_048_576  # ≈ 1.05M
+    assert counts["encoder attention"].weights == 4 * 512**2 == 1_048_576  # ≈ 1.05M
     assert counts["encoder FFN"].weights == 2 * 512 * 2048 == 2_097_152  # ≈ 2.10M
-    assert counts["encoder attention"].biases == 4 * 512 and counts["encoder FFN"].biases == 2048 + 512
+    assert (
+        counts["encoder attention"].biases == 4 * 512 and counts["encoder FFN"].biases == 2048 + 512
+    )
 
 
 def preset(name: str):
@@ -66,14 +107,29 @@ def preset(name: str):
     return config, replace(config.model, vocab_size=config.tokenizer.vocab_size)
 
 
-@pytest.mark.parametrize("name,d,f,h,drop,paper,rel", [
-    ("transformer_base", 512, 2048, 8, 0.1, 65e6, 0.05),
-    ("transformer_big", 1024, 4096, 16, 0.3, 213e6, 0.01)])
+@pytest.mark.parametrize(
+    "name,d,f,h,drop,paper,rel",
+    [
+        ("transformer_base", 512, 2048, 8, 0.1, 65e6, 0.05),
+        ("transformer_big", 1024, 4096, 16, 0.3, 213e6, 0.01),
+    ],
+)
 def test_presets_load_build_and_match_the_paper(name, d, f, h, drop, paper, rel):
     config, model_config = preset(name)
     m = config.model
-    assert (m.d_model, m.d_ff, m.num_heads, m.num_encoder_layers, m.num_decoder_layers) == (d, f, h, 6, 6)
-    assert (m.dropout_rate, m.norm, m.positions, m.share_embeddings) == (drop, "post", "sinusoidal", "all")
+    assert (m.d_model, m.d_ff, m.num_heads, m.num_encoder_layers, m.num_decoder_layers) == (
+        d,
+        f,
+        h,
+        6,
+        6,
+    )
+    assert (m.dropout_rate, m.norm, m.positions, m.share_embeddings) == (
+        drop,
+        "post",
+        "sinusoidal",
+        "all",
+    )
     assert (config.tokenizer.vocab_size, config.tokenizer.model_type) == (37000, "bpe")
     assert (config.data.src_lang, config.data.tgt_lang) == ("en", "de")
     for split in (config.data.train, config.data.dev, config.data.test):
@@ -95,8 +151,17 @@ def test_params_command_prints_the_report(capsys):
     assert "vocab 37000" in out and "norm post" in out
     assert "1,048,576" in out and "2,097,152" in out  # per-layer attention and FFN weights
     assert "63,082,496" in out  # total
-    assert cli.params_main(["--config", str(CONFIGS / "transformer_base.yaml"),
-                            "model.positions=learned", "model.max_len=100"]) == 0
+    assert (
+        cli.params_main(
+            [
+                "--config",
+                str(CONFIGS / "transformer_base.yaml"),
+                "model.positions=learned",
+                "model.max_len=100",
+            ]
+        )
+        == 0
+    )
     assert "102,400" in capsys.readouterr().out  # 2 tables × 100 × 512
     assert cli.params_main(["model.positions=bogus"]) == 2
     assert "model.positions" in capsys.readouterr().err

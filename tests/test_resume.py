@@ -12,19 +12,28 @@ import time
 import jax
 import numpy as np
 import pytest
+from tiny_run import (
+    ROOT,
+    assert_trees_equal,
+    cli_env,
+    run,
+    tiny_config,
+    tiny_overrides,
+    train_command,
+    write_corpus,
+    xla_flags,
+)
 
 from seq2seq import cli
 from seq2seq.config import ConfigError, TokenizerConfig, load_config
 from seq2seq.data.tokenizer import train_or_load
-from seq2seq.training.checkpoints import HANG_MARKER, HANG_SAVE_ENV, Checkpointer
 from seq2seq.run import prepare_run
+from seq2seq.trained import load_trained
+from seq2seq.training.checkpoints import HANG_MARKER, HANG_SAVE_ENV, Checkpointer
 from seq2seq.training.loop import TrainingDiverged, check_train_config, fit
 from seq2seq.training.metrics import read_metrics
-from seq2seq.trained import load_trained
 from seq2seq.training.step import abstract_train_state
 from seq2seq.workdir import checkpoint_dir, checkpoint_steps
-from tiny_run import (ROOT, assert_trees_equal, cli_env, run, tiny_config, tiny_overrides,
-                      train_command, write_corpus, xla_flags)
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +106,12 @@ def test_patience_survives_resume(corpus, tmp_path):
 @pytest.mark.slow
 def test_best_checkpoint_is_kept_and_tested(corpus, tmp_path):
     # keep only the last checkpoint; the best by dev loss must survive beside it
-    extra = ("train.eval_every=2", "train.checkpoint_every=2", "train.keep_checkpoints=1",
-             "train.learning_rate=3e-3")
+    extra = (
+        "train.eval_every=2",
+        "train.checkpoint_every=2",
+        "train.keep_checkpoints=1",
+        "train.learning_rate=3e-3",
+    )
     result = _fit(corpus, tmp_path / "run", "train.steps=8", *extra)
     dev = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "run") if r["split"] == "dev"}
     best_step = min(dev, key=dev.get)
@@ -108,10 +121,12 @@ def test_best_checkpoint_is_kept_and_tested(corpus, tmp_path):
 
 
 def test_invalid_train_settings_are_config_errors(corpus, tmp_path):
-    bad = {"train.grad_accum_steps=0": "train.grad_accum_steps",
-           "train.best_metric=accuracy": "train.best_metric",
-           "train.dev_bleu=false train.best_metric=bleu": "dev_bleu",
-           "train.test_checkpoint=first": "train.test_checkpoint"}
+    bad = {
+        "train.grad_accum_steps=0": "train.grad_accum_steps",
+        "train.best_metric=accuracy": "train.best_metric",
+        "train.dev_bleu=false train.best_metric=bleu": "dev_bleu",
+        "train.test_checkpoint=first": "train.test_checkpoint",
+    }
     for overrides, key in bad.items():
         with pytest.raises(ConfigError, match=key):
             check_train_config(_config(corpus, tmp_path, *overrides.split()))
@@ -120,8 +135,14 @@ def test_invalid_train_settings_are_config_errors(corpus, tmp_path):
 def test_stops_after_max_skipped_steps(corpus, tmp_path):
     # an absurd learning rate blows the parameters up; every later step is non-finite
     with pytest.raises(TrainingDiverged) as err:
-        _fit(corpus, tmp_path / "run", "train.steps=40", "train.learning_rate=1e30",
-             "train.max_skipped_steps=3", "train.clip_norm=0")
+        _fit(
+            corpus,
+            tmp_path / "run",
+            "train.steps=40",
+            "train.learning_rate=1e30",
+            "train.max_skipped_steps=3",
+            "train.clip_norm=0",
+        )
     step = err.value.step
     assert step < 40
     assert f"stopped at step {step}: steps {step - 2}..{step} (3 in a row" in str(err.value)
@@ -137,7 +158,8 @@ def _no_pickle(directory):
         head = p.read_bytes()[:2]
         tail = p.read_bytes()[-1:] if p.stat().st_size else b""
         if p.suffix in (".pkl", ".pickle", ".pt", ".npy") or (
-                len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5 and tail == b"."):
+            len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5 and tail == b"."
+        ):
             found.append(p)
     return found
 
@@ -149,7 +171,9 @@ def _wait_for(predicate, timeout, proc, what):
             return
         if proc.poll() is not None:
             out, err = proc.communicate()
-            raise AssertionError(f"process exited ({proc.returncode}) before {what}:\n{err[-3000:]}")
+            raise AssertionError(
+                f"process exited ({proc.returncode}) before {what}:\n{err[-3000:]}"
+            )
         time.sleep(0.2)
     proc.kill()
     raise AssertionError(f"timed out waiting for {what}")
@@ -158,17 +182,35 @@ def _wait_for(predicate, timeout, proc, what):
 @pytest.mark.slow
 def test_sigterm_saves_exits_and_the_same_command_resumes_exactly(corpus, tmp_path):
     workdir = tmp_path / "run"
-    overrides = tiny_overrides(corpus, workdir, f"tokenizer.model_file={corpus['spm']}",
-                               "train.steps=150", "train.eval_every=50", "train.checkpoint_every=50",
-                               "decode.test_limit=3")
-    proc = subprocess.Popen(train_command(overrides), env=cli_env(), cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for(lambda: any(r["split"] == "train" and r["step"] >= 4 for r in read_metrics(workdir)),
-              240, proc, "the first training steps")
+    overrides = tiny_overrides(
+        corpus,
+        workdir,
+        f"tokenizer.model_file={corpus['spm']}",
+        "train.steps=150",
+        "train.eval_every=50",
+        "train.checkpoint_every=50",
+        "decode.test_limit=3",
+    )
+    proc = subprocess.Popen(
+        train_command(overrides),
+        env=cli_env(),
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    _wait_for(
+        lambda: any(r["split"] == "train" and r["step"] >= 4 for r in read_metrics(workdir)),
+        240,
+        proc,
+        "the first training steps",
+    )
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]  # 143, the shell convention
-    stopped = int(re.search(r"interrupted at step (\d+); checkpoint saved, rerun the same command", err)[1])
+    stopped = int(
+        re.search(r"interrupted at step (\d+); checkpoint saved, rerun the same command", err)[1]
+    )
     assert 4 <= stopped < 150 and checkpoint_steps(workdir)[-1] == stopped
     assert "received SIGTERM" in err
     assert f"Status: interrupted at step {stopped}" in (workdir / "summary.md").read_text()
@@ -183,8 +225,13 @@ def test_sigterm_saves_exits_and_the_same_command_resumes_exactly(corpus, tmp_pa
     assert steps == sorted(set(steps)) and steps[-1] == 150
 
     # bitwise equal to an uninterrupted run (in this process)
-    whole = _fit(corpus, tmp_path / "whole", "train.steps=150", "train.eval_every=50",
-                 "train.checkpoint_every=50")
+    whole = _fit(
+        corpus,
+        tmp_path / "whole",
+        "train.steps=150",
+        "train.eval_every=50",
+        "train.checkpoint_every=50",
+    )
     config = load_config(workdir / "config.yaml")
     ck = Checkpointer(checkpoint_dir(workdir))
     final, meta = ck.restore(abstract_train_state(config)[1], 150)
@@ -195,26 +242,58 @@ def test_sigterm_saves_exits_and_the_same_command_resumes_exactly(corpus, tmp_pa
 
     # the run directory describes itself and holds no pickle
     text = (workdir / "summary.md").read_text()
-    for needle in ("Status: finished at step 150", "best dev loss", "test BLEU", "tokens seen",
-                   "## Checkpoints", "| 150 |", "## Config", "model_file", "`metrics.jsonl`"):
+    for needle in (
+        "Status: finished at step 150",
+        "best dev loss",
+        "test BLEU",
+        "tokens seen",
+        "## Checkpoints",
+        "| 150 |",
+        "## Config",
+        "model_file",
+        "`metrics.jsonl`",
+    ):
         assert needle in text, needle
     assert (workdir / "tensorboard").is_dir() and (workdir / "train.log").is_file()
     assert _no_pickle(workdir) == []
 
     # an average of the last two checkpoints is a run directory evaluate can use
     assert cli.average_main(["--workdir", str(workdir), "--last", "2"]) == 0
-    assert cli.evaluate_main(["--workdir", str(workdir / "average"), "--src", corpus["test"] + ".en",
-                              "--ref", corpus["test"] + ".es"]) == 0
+    assert (
+        cli.evaluate_main(
+            [
+                "--workdir",
+                str(workdir / "average"),
+                "--src",
+                corpus["test"] + ".en",
+                "--ref",
+                corpus["test"] + ".es",
+            ]
+        )
+        == 0
+    )
     assert _no_pickle(workdir) == []
 
 
 @pytest.mark.slow
 def test_kill_during_save_keeps_last_checkpoint(corpus, tmp_path):
     workdir = tmp_path / "run"
-    overrides = tiny_overrides(corpus, workdir, f"tokenizer.model_file={corpus['spm']}",
-                               "train.steps=12", "train.checkpoint_every=4", "decode.test_limit=2")
-    proc = subprocess.Popen(train_command(overrides), env=cli_env(**{HANG_SAVE_ENV: "8"}), cwd=ROOT,
-                            text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    overrides = tiny_overrides(
+        corpus,
+        workdir,
+        f"tokenizer.model_file={corpus['spm']}",
+        "train.steps=12",
+        "train.checkpoint_every=4",
+        "decode.test_limit=2",
+    )
+    proc = subprocess.Popen(
+        train_command(overrides),
+        env=cli_env(**{HANG_SAVE_ENV: "8"}),
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     ckdir = checkpoint_dir(workdir)
     _wait_for(lambda: any(ckdir.rglob(HANG_MARKER)), 240, proc, "the save of step 8 to start")
     # the save of step 8 is half-written in its temporary folder; 4 is the last complete one
@@ -249,7 +328,7 @@ EIGHT_DEVICES = textwrap.dedent("""
     from seq2seq.data.pipeline import prepare
     from seq2seq.training.checkpoints import Checkpointer
     from seq2seq.training.loop import train_batch
-    from seq2seq.training.step import make_optimizer, train_step
+    from seq2seq.training.step import make_optimizer, make_train_step
     from seq2seq.training.step import abstract_train_state
     from seq2seq.workdir import checkpoint_dir
 
@@ -266,14 +345,17 @@ EIGHT_DEVICES = textwrap.dedent("""
     data = prepare(config, workdir, need_test=False)
     batch = train_batch(data.train, meta["micro_batches"], 1)
     batch = {k: jax.device_put(v, NamedSharding(mesh, P(None, "data"))) for k, v in batch.items()}
-    state, m = train_step(state, batch, graphdef=graphdef, tx=make_optimizer(config.train),
-                          bos_id=data.tokenizer.bos_id, label_smoothing=config.train.label_smoothing)
+    train_step = make_train_step(graphdef, make_optimizer(config.train),
+                                 bos_id=data.tokenizer.bos_id,
+                                 label_smoothing=config.train.label_smoothing)
+    state, m = jax.jit(train_step, donate_argnums=0)(state, batch)
     step = int(state.step)
     ck.save(step, state, {**meta, "step": step, "micro_batches": meta["micro_batches"] + 1})
     ck.close()
     devices = max(len(x.sharding.device_set) for x in jax.tree.leaves(state.params))
     total = sum(float(abs(x).sum()) for x in jax.tree.leaves(state.params))
-    print(json.dumps({"step": step, "devices": devices, "abs_sum": total, "loss": float(m["loss"])}))
+    print(json.dumps({"step": step, "devices": devices, "abs_sum": total,
+                      "loss": float(m["loss"])}))
 """)
 
 
@@ -281,8 +363,7 @@ EIGHT_DEVICES = textwrap.dedent("""
 def test_checkpoint_from_8_devices_restores_on_1_and_continues(corpus, tmp_path):
     workdir = tmp_path / "run"
     _fit(corpus, workdir, "train.steps=2")
-    proc = run([sys.executable, "-c", EIGHT_DEVICES, str(workdir)],
-               cli_env(XLA_FLAGS=xla_flags(8)))
+    proc = run([sys.executable, "-c", EIGHT_DEVICES, str(workdir)], cli_env(XLA_FLAGS=xla_flags(8)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["step"] == 3 and report["devices"] == 8 and np.isfinite(report["loss"])
@@ -310,28 +391,49 @@ def test_an_added_action_runs_at_its_period_and_sees_the_step(corpus, tmp_path):
     from seq2seq.training.loop import Action
 
     seen = []
-    config, data, _ = prepare_run(_config(corpus, tmp_path / "run", "train.steps=7",
-                                       "train.checkpoint_every=3"))
-    fit(config, data, actions=[Action("record", 3, lambda loop: seen.append(
-        (loop.progress.step, loop.progress.last_saved, int(loop.state.step))))])
+    config, data, _ = prepare_run(
+        _config(corpus, tmp_path / "run", "train.steps=7", "train.checkpoint_every=3")
+    )
+    fit(
+        config,
+        data,
+        actions=[
+            Action(
+                "record",
+                3,
+                lambda loop: seen.append(
+                    (loop.progress.step, loop.progress.last_saved, int(loop.state.step))
+                ),
+            )
+        ],
+    )
     assert seen == [(3, 3, 3), (6, 6, 6), (7, 7, 7)]
 
 
 @pytest.mark.slow
 def test_resume_refuses_settings_that_change_the_run_and_remaps_data_on_request(
-        corpus, tmp_path, capsys):
+    corpus, tmp_path, capsys
+):
     workdir = tmp_path / "run"
-    base = tiny_overrides(corpus, workdir, f"tokenizer.model_file={corpus['spm']}",
-                          "train.steps=6", "train.checkpoint_every=6", "train.eval_every=6",
-                          "decode.test_limit=2", "data.max_tokens=512")
+    base = tiny_overrides(
+        corpus,
+        workdir,
+        f"tokenizer.model_file={corpus['spm']}",
+        "train.steps=6",
+        "train.checkpoint_every=6",
+        "train.eval_every=6",
+        "decode.test_limit=2",
+        "data.max_tokens=512",
+    )
     assert cli.train_main(base) == 0
     saved = (workdir / "config.yaml").read_text()
     before = {p.name: p.stat().st_mtime_ns for p in workdir.iterdir() if p.is_file()}
 
     # what the run is: refused with key, saved and new value; nothing in the run directory moves
     capsys.readouterr()
-    assert cli.train_main(base + ["train.steps=8", "train.warmup_steps=7",
-                                  "data.max_tokens=256"]) == 2
+    assert (
+        cli.train_main(base + ["train.steps=8", "train.warmup_steps=7", "data.max_tokens=256"]) == 2
+    )
     err = capsys.readouterr().err
     assert "train.warmup_steps: 4 → 7" in err and "data.max_tokens: 512 → 256" in err
     assert "train.steps" not in err.split("differs")[1]  # steps may change
@@ -344,11 +446,17 @@ def test_resume_refuses_settings_that_change_the_run_and_remaps_data_on_request(
     assert "resuming step 6 with train.steps changed: 6 → 8" in capsys.readouterr().err
     changes = [json.loads(x) for x in (workdir / "config_changes.jsonl").read_text().splitlines()]
     assert [(c["step"], c["key"], c["saved"], c["new"]) for c in changes] == [
-        (6, "train.steps", 6, 8), (6, "train.log_every", 2, 1)]
+        (6, "train.steps", 6, 8),
+        (6, "train.log_every", 2, 1),
+    ]
 
     # allowed on request: the batching changes and the position is remapped by examples
-    assert cli.train_main(base + ["train.steps=9", "data.max_tokens=256",
-                                  "train.allow_config_change=true"]) == 0
+    assert (
+        cli.train_main(
+            base + ["train.steps=9", "data.max_tokens=256", "train.allow_config_change=true"]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     moved = re.search(r"data position remapped by examples from micro-batch (\d+) to (\d+)", err)
     assert moved and (int(moved[1]), int(moved[2])) == (8, 16)  # half the rows per batch

@@ -7,12 +7,22 @@ tests/test_sharding_multidevice.py.
 import jax
 import numpy as np
 import pytest
-from jax.sharding import AbstractMesh, PartitionSpec as P
-
 from conftest import tiny_config
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
+
 from seq2seq.config import Config, ConfigError, DistributedConfig, MeshConfig, load_config
-from seq2seq.sharding import (RULES, MeshError, Partitioner, check_model, format_rules,
-                              initialize_distributed, logical_to_mesh, make_mesh, mesh_shape)
+from seq2seq.sharding import (
+    RULES,
+    MeshError,
+    Partitioner,
+    check_model,
+    format_rules,
+    initialize_distributed,
+    logical_to_mesh,
+    make_mesh,
+    mesh_shape,
+)
 from seq2seq.training.step import abstract_train_state
 
 AXES = ("data", "fsdp", "tensor")
@@ -22,25 +32,31 @@ def _mesh(data, fsdp, tensor):
     return AbstractMesh((data, fsdp, tensor), AXES)
 
 
-@pytest.mark.parametrize("cfg, devices, expected", [
-    (MeshConfig(), 8, (8, 1, 1)),
-    (MeshConfig(data=-1, fsdp=2, tensor=2), 8, (2, 2, 2)),
-    (MeshConfig(data=2, fsdp=-1, tensor=1), 8, (2, 4, 1)),
-    (MeshConfig(data=1, fsdp=1, tensor=-1), 8, (1, 1, 8)),
-    (MeshConfig(data=2, fsdp=2, tensor=2), 8, (2, 2, 2)),
-    (MeshConfig(), 1, (1, 1, 1)),
-])
+@pytest.mark.parametrize(
+    "cfg, devices, expected",
+    [
+        (MeshConfig(), 8, (8, 1, 1)),
+        (MeshConfig(data=-1, fsdp=2, tensor=2), 8, (2, 2, 2)),
+        (MeshConfig(data=2, fsdp=-1, tensor=1), 8, (2, 4, 1)),
+        (MeshConfig(data=1, fsdp=1, tensor=-1), 8, (1, 1, 8)),
+        (MeshConfig(data=2, fsdp=2, tensor=2), 8, (2, 2, 2)),
+        (MeshConfig(), 1, (1, 1, 1)),
+    ],
+)
 def test_mesh_shape_fills_the_remaining_devices(cfg, devices, expected):
     assert mesh_shape(cfg, devices) == expected
 
 
-@pytest.mark.parametrize("cfg, devices, message", [
-    (MeshConfig(data=2, fsdp=2, tensor=1), 8, "needs 4 devices but there are 8"),
-    (MeshConfig(data=-1, fsdp=3, tensor=1), 8, "8 devices are not divisible by 3"),
-    (MeshConfig(data=-1, fsdp=-1, tensor=1), 8, "at most one mesh size may be -1"),
-    (MeshConfig(data=0, fsdp=1, tensor=1), 8, "positive or -1"),
-    (MeshConfig(data=-1, fsdp=1, tensor=2), 1, "1 devices are not divisible by 2"),
-])
+@pytest.mark.parametrize(
+    "cfg, devices, message",
+    [
+        (MeshConfig(data=2, fsdp=2, tensor=1), 8, "needs 4 devices but there are 8"),
+        (MeshConfig(data=-1, fsdp=3, tensor=1), 8, "8 devices are not divisible by 3"),
+        (MeshConfig(data=-1, fsdp=-1, tensor=1), 8, "at most one mesh size may be -1"),
+        (MeshConfig(data=0, fsdp=1, tensor=1), 8, "positive or -1"),
+        (MeshConfig(data=-1, fsdp=1, tensor=2), 1, "1 devices are not divisible by 2"),
+    ],
+)
 def test_mesh_that_does_not_fit_is_a_clear_error(cfg, devices, message):
     with pytest.raises(MeshError, match=message):
         mesh_shape(cfg, devices)
@@ -54,9 +70,15 @@ def test_mesh_on_this_process_uses_all_devices():
 
 
 def test_rules_table_maps_each_logical_axis():
-    assert dict(RULES) == {"batch": ("data", "fsdp"), "vocab": "tensor", "embed": "fsdp",
-                           "heads": "tensor", "mlp": "tensor", "positions": None,
-                           "relpos_buckets": None}
+    assert dict(RULES) == {
+        "batch": ("data", "fsdp"),
+        "vocab": "tensor",
+        "embed": "fsdp",
+        "heads": "tensor",
+        "mlp": "tensor",
+        "positions": None,
+        "relpos_buckets": None,
+    }
     table = format_rules()
     assert "| `embed` | fsdp |" in table and "| `batch` | data × fsdp |" in table
     assert "| `positions` | replicated |" in table
@@ -71,9 +93,15 @@ def _variants():
     for i, positions in enumerate(MODEL_CHOICES["positions"]):
         for j, share in enumerate(MODEL_CHOICES["share_embeddings"]):
             k = i * len(MODEL_CHOICES["share_embeddings"]) + j
-            out.append(dict(positions=positions, share_embeddings=share,
-                            activation=MODEL_CHOICES["activation"][k % 4],
-                            norm=MODEL_CHOICES["norm"][k % 2], dtype=MODEL_CHOICES["dtype"][k % 2]))
+            out.append(
+                dict(
+                    positions=positions,
+                    share_embeddings=share,
+                    activation=MODEL_CHOICES["activation"][k % 4],
+                    norm=MODEL_CHOICES["norm"][k % 2],
+                    dtype=MODEL_CHOICES["dtype"][k % 2],
+                )
+            )
     return out
 
 
@@ -85,26 +113,48 @@ def test_every_logical_axis_of_every_model_variant_has_a_rule(variant):
     from flax import nnx
 
     _, abstract = abstract_train_state(Config(model=tiny_config(**variant)))
-    names = {n for spec in jax.tree.leaves(nnx.get_partition_spec(abstract),
-                                           is_leaf=lambda x: isinstance(x, P))
-             for n in spec if n is not None}
+    names = {
+        n
+        for spec in jax.tree.leaves(
+            nnx.get_partition_spec(abstract), is_leaf=lambda x: isinstance(x, P)
+        )
+        for n in spec
+        if n is not None
+    }
     assert {"vocab", "embed", "heads", "mlp"} <= names
     assert names <= set(dict(RULES)), names - set(dict(RULES))
     specs = Partitioner(_mesh(2, 2, 2)).shardings(abstract)  # raises KeyError without a rule
     assert jax.tree.structure(specs) == jax.tree.structure(abstract)
 
 
-@pytest.mark.parametrize("logical, shape, mesh, expected", [
-    (P("embed", "mlp"), (32, 64), (2, 2, 2), P("fsdp", "tensor")),        # FFN W1
-    (P("mlp", "embed"), (64, 32), (2, 2, 2), P("tensor", "fsdp")),        # FFN W2
-    (P("vocab", "embed"), (40, 32), (1, 1, 8), P("tensor")),              # vocab-parallel
-    (P("embed", "heads"), (32, 32), (8, 1, 1), P()),                      # data only: replicated
-    (P("embed",), (32,), (2, 4, 1), P("fsdp")),                           # LayerNorm scale
-    (P("heads",), (32,), (2, 4, 1), P()),                                 # tensor=1
-    (P("vocab", "embed"), (41, 32), (1, 2, 4), P(None, "fsdp")),          # 41 % 4: replicated
-    (P("batch"), (16, 10), (2, 2, 2), P(("data", "fsdp"))),
-    (P(), (), (2, 2, 2), P()),                                            # scalars
-])
+@pytest.mark.parametrize(
+    "logical, shape, mesh, expected",
+    [
+        (P("embed", "mlp"), (32, 64), (2, 2, 2), P("fsdp", "tensor")),  # FFN W1
+        (P("mlp", "embed"), (64, 32), (2, 2, 2), P("tensor", "fsdp")),  # FFN W2
+        (P("vocab", "embed"), (40, 32), (1, 1, 8), P("tensor")),  # vocab-parallel
+        (P("embed", "heads"), (32, 32), (8, 1, 1), P()),  # data only: replicated
+        (
+            P(
+                "embed",
+            ),
+            (32,),
+            (2, 4, 1),
+            P("fsdp"),
+        ),  # LayerNorm scale
+        (
+            P(
+                "heads",
+            ),
+            (32,),
+            (2, 4, 1),
+            P(),
+        ),  # tensor=1
+        (P("vocab", "embed"), (41, 32), (1, 2, 4), P(None, "fsdp")),  # 41 % 4: replicated
+        (P("batch"), (16, 10), (2, 2, 2), P(("data", "fsdp"))),
+        (P(), (), (2, 2, 2), P()),  # scalars
+    ],
+)
 def test_logical_to_mesh(logical, shape, mesh, expected):
     assert logical_to_mesh(logical, shape, _mesh(*mesh)) == expected
 
@@ -164,8 +214,9 @@ def test_place_keeps_values_and_init_state_matches_eager_init():
     tx = make_optimizer(config.train)
     eager = create_train_state(build_model(config.model, 0), tx, 0)[1]
     placed = p.place(jax.tree.map(np.asarray, eager))
-    jitted = p.init_state(lambda: create_train_state(build_model(config.model, 0), tx, 0)[1],
-                          abstract)
+    jitted = p.init_state(
+        lambda: create_train_state(build_model(config.model, 0), tx, 0)[1], abstract
+    )
     for a, b, c in zip(jax.tree.leaves(eager), jax.tree.leaves(placed), jax.tree.leaves(jitted)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), atol=1e-6)

@@ -18,9 +18,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
 from conftest import write_split
 from tiny_run import xla_flags
+
 from seq2seq.config import MeshConfig
 from seq2seq.sharding import Partitioner, make_mesh
 from seq2seq.training.checkpoints import Checkpointer
@@ -40,8 +40,13 @@ def _env(devices: int | None) -> dict[str, str]:
 
 
 def _worker(mode: str, out: Path, devices: int | None, *extra: str, timeout: int = 900) -> None:
-    proc = subprocess.run([sys.executable, str(WORKER), mode, "--out", str(out), *extra],
-                          env=_env(devices), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), mode, "--out", str(out), *extra],
+        env=_env(devices),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, f"{mode} worker failed:\n{proc.stderr[-4000:]}"
 
 
@@ -121,8 +126,9 @@ def test_beam_search_under_a_mesh_equals_one_device(runs):
     assert sum(len(h["tokens"]) for hyps in ref for h in hyps) > 50  # not all empty
     for hyps_ref, hyps_got in zip(ref, got):
         assert [h["tokens"] for h in hyps_got] == [h["tokens"] for h in hyps_ref]
-        np.testing.assert_allclose([h["score"] for h in hyps_got],
-                                   [h["score"] for h in hyps_ref], atol=ATOL, rtol=0)
+        np.testing.assert_allclose(
+            [h["score"] for h in hyps_got], [h["score"] for h in hyps_ref], atol=ATOL, rtol=0
+        )
 
 
 def test_checkpoint_from_2x2x2_continues_on_one_device(runs):
@@ -146,10 +152,28 @@ def test_two_processes_equal_one_device(runs):
     """jax.distributed on localhost: 2 processes × 2 CPU devices, mesh (1,2,2)."""
     out, r = runs
     port = str(_free_port())
-    procs = [subprocess.Popen(
-        [sys.executable, str(WORKER), "multiprocess", "--out", str(out), "--process-id", str(i),
-         "--num-processes", "2", "--port", port],
-        env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(WORKER),
+                "multiprocess",
+                "--out",
+                str(out),
+                "--process-id",
+                str(i),
+                "--num-processes",
+                "2",
+                "--port",
+                port,
+            ],
+            env=_env(2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     try:
         logs = [p.communicate(timeout=900)[1] for p in procs]
     finally:
@@ -169,6 +193,7 @@ def test_two_processes_equal_one_device(runs):
 
     # the checkpoint both processes wrote restores here, on one device
     from sharding_worker import CONFIG
+
     from seq2seq.training.step import abstract_train_state
 
     _, abstract = abstract_train_state(CONFIG)
@@ -177,8 +202,10 @@ def test_two_processes_equal_one_device(runs):
     state, meta = ck.restore(p.abstract(abstract))
     ck.close()
     assert meta == {"step": 3, "processes": 2} and int(state.step) == 3
-    restored = {jax.tree_util.keystr(k): np.asarray(v)
-                for k, v in jax.tree_util.tree_flatten_with_path(state.params)[0]}
+    restored = {
+        jax.tree_util.keystr(k): np.asarray(v)
+        for k, v in jax.tree_util.tree_flatten_with_path(state.params)[0]
+    }
     _assert_same_params(restored, reference)
 
 
@@ -186,26 +213,51 @@ def _two_process_run(tmp_path: Path, workdir: Path, *extra: str) -> list[str]:
     """Overrides of a tiny ``seq2seq-train`` run on 2 processes × 2 devices, mesh (1,2,2)
     (add ``distributed.process_id``); ``extra`` sets the steps and intervals."""
     return [
-        f"workdir={workdir}", f"data.train.path={write_split(tmp_path, 'train', 0, 300)}",
+        f"workdir={workdir}",
+        f"data.train.path={write_split(tmp_path, 'train', 0, 300)}",
         f"data.dev.path={write_split(tmp_path, 'dev', 300, 20)}",
-        f"data.test.path={write_split(tmp_path, 'test', 320, 6)}", "data.max_len=32",
-        "data.max_tokens=512", "tokenizer.vocab_size=200", "model.d_model=32",
-        "model.num_heads=2", "model.d_ff=64", "model.num_encoder_layers=1",
-        "model.num_decoder_layers=1", "train.warmup_steps=2", "mesh.data=1", "mesh.fsdp=2",
-        "mesh.tensor=2", f"distributed.coordinator_address=127.0.0.1:{_free_port()}",
-        "distributed.num_processes=2", *extra]
+        f"data.test.path={write_split(tmp_path, 'test', 320, 6)}",
+        "data.max_len=32",
+        "data.max_tokens=512",
+        "tokenizer.vocab_size=200",
+        "model.d_model=32",
+        "model.num_heads=2",
+        "model.d_ff=64",
+        "model.num_encoder_layers=1",
+        "model.num_decoder_layers=1",
+        "train.warmup_steps=2",
+        "mesh.data=1",
+        "mesh.fsdp=2",
+        "mesh.tensor=2",
+        f"distributed.coordinator_address=127.0.0.1:{_free_port()}",
+        "distributed.num_processes=2",
+        *extra,
+    ]
 
 
 def test_training_command_on_two_processes(tmp_path):
     """``seq2seq-train`` on 2 processes × 2 devices: one tokenizer, one log, one metrics file,
     a checkpoint written by both, the test set decoded on the mesh."""
     workdir = tmp_path / "run"
-    overrides = _two_process_run(tmp_path, workdir, "train.steps=4", "train.eval_every=4",
-                                 "train.checkpoint_every=4", "train.log_every=2",
-                                 "decode.beam_size=2")
-    procs = [subprocess.Popen(
-        [sys.executable, str(WORKER), "loop", "--", *overrides, f"distributed.process_id={i}"],
-        env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    overrides = _two_process_run(
+        tmp_path,
+        workdir,
+        "train.steps=4",
+        "train.eval_every=4",
+        "train.checkpoint_every=4",
+        "train.log_every=2",
+        "decode.beam_size=2",
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), "loop", "--", *overrides, f"distributed.process_id={i}"],
+            env=_env(2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     try:
         outputs = [p.communicate(timeout=900) for p in procs]
     finally:
@@ -217,14 +269,19 @@ def test_training_command_on_two_processes(tmp_path):
         assert "test BLEU" in outputs[i][0]
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [(r["split"], r["step"]) for r in records] == [
-        ("train", 2), ("train", 4), ("dev", 4), ("test", 4)]  # written once, by process 0
+        ("train", 2),
+        ("train", 4),
+        ("dev", 4),
+        ("test", 4),
+    ]  # written once, by process 0
     assert all(np.isfinite(r["loss"]) for r in records if r["split"] != "test")
     summary = json.loads((workdir / "test.json").read_text())
     assert summary["step"] == 4 and summary["test_sentences"] == 6
     assert len((workdir / "test.hyp").read_text().splitlines()) == 6
     assert (workdir / "checkpoints" / "4").is_dir()
-    assert (workdir / "train.log").read_text().count("Partitioner(data=1, fsdp=2, tensor=2; "
-                                                    "2 process(es))") == 1
+    assert (workdir / "train.log").read_text().count(
+        "Partitioner(data=1, fsdp=2, tensor=2; 2 process(es))"
+    ) == 1
 
 
 def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
@@ -238,18 +295,35 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
     from seq2seq.training.step import abstract_train_state
 
     workdir = tmp_path / "run"
-    overrides = _two_process_run(tmp_path, workdir, "train.steps=100000",
-                                 "train.eval_every=100000", "train.checkpoint_every=100000",
-                                 "train.log_every=1")
+    overrides = _two_process_run(
+        tmp_path,
+        workdir,
+        "train.steps=100000",
+        "train.eval_every=100000",
+        "train.checkpoint_every=100000",
+        "train.log_every=1",
+    )
     logs = [tmp_path / f"process_{i}.log" for i in range(2)]
     procs = []
     try:
         for i in range(2):  # output to files: a full pipe must not stall a process
             with open(logs[i], "w") as f:
-                procs.append(subprocess.Popen(
-                    [sys.executable, str(WORKER), "loop", "--", *overrides,
-                     f"distributed.process_id={i}"],
-                    env=_env(2), stdout=f, stderr=subprocess.STDOUT, text=True))
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            str(WORKER),
+                            "loop",
+                            "--",
+                            *overrides,
+                            f"distributed.process_id={i}",
+                        ],
+                        env=_env(2),
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
+                )
         metrics, deadline = workdir / "metrics.jsonl", time.monotonic() + 600
         while not (metrics.is_file() and '"train"' in metrics.read_text()):
             assert all(p.poll() is None for p in procs), logs[0].read_text()[-4000:]
@@ -260,8 +334,9 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
             try:
                 p.wait(timeout=max(deadline - time.monotonic(), 0) + 120)
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"process {i} did not stop (hung):\n"
-                                     f"{logs[i].read_text()[-4000:]}") from None
+                raise AssertionError(
+                    f"process {i} did not stop (hung):\n{logs[i].read_text()[-4000:]}"
+                ) from None
     finally:
         for p in procs:
             if p.poll() is None:

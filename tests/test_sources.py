@@ -103,8 +103,9 @@ def test_text_bom_is_stripped(tmp_path, gz):
 
 @pytest.mark.parametrize("gz", [False, True])
 def test_text_crlf_leaves_no_carriage_return(tmp_path, gz):
-    prefix = text_corpus(tmp_path, lines(EN).replace("\n", "\r\n"),
-                         lines(ES).replace("\n", "\r\n"), gz=gz)
+    prefix = text_corpus(
+        tmp_path, lines(EN).replace("\n", "\r\n"), lines(ES).replace("\n", "\r\n"), gz=gz
+    )
     ds = load_parallel(SourceConfig(format="text", path=prefix), "en", "es")
     assert pairs(ds) == list(zip(EN, ES))
     assert not any("\r" in s for s in list(ds["source"]) + list(ds["target"]))
@@ -137,8 +138,10 @@ def test_text_empty_pairs_are_skipped_counted_and_logged(tmp_path, caplog):
     assert pairs(ds) == [("one", "uno"), ("four", "cuatro"), ("six", "seis")]
     [record] = [r for r in caplog.records if "skipped" in r.getMessage()]
     where = f"{prefix}.{{en,es}}"
-    assert record.getMessage() == (f"dev: skipped 3 of 6 pairs with an empty source or target "
-                                   f"({where}): {prefix}.en:2, {prefix}.es:3, {prefix}.en:5")
+    assert record.getMessage() == (
+        f"dev: skipped 3 of 6 pairs with an empty source or target "
+        f"({where}): {prefix}.en:2, {prefix}.es:3, {prefix}.en:5"
+    )
 
 
 def test_skipped_pairs_are_named_first_few_in_the_warning_all_in_the_list(tmp_path, caplog):
@@ -149,7 +152,7 @@ def test_skipped_pairs_are_named_first_few_in_the_warning_all_in_the_list(tmp_pa
         load_parallel(SourceConfig(format="text", path=prefix), "en", "es", skipped=skipped)
     assert skipped == [f"{prefix}.en:{line}" for line in range(1, 20, 2)]
     [message] = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
-    assert message.endswith(f": {', '.join(skipped[:sources.SKIPPED_NAMED])} and 5 more")
+    assert message.endswith(f": {', '.join(skipped[: sources.SKIPPED_NAMED])} and 5 more")
     tsv = write(tmp_path / "c.tsv", "en\tes\na\tb\n\tc\n")
     skipped = []
     load_parallel(SourceConfig(format="tsv", path=str(tsv)), "en", "es", skipped=skipped)
@@ -176,10 +179,14 @@ def test_text_missing_file(tmp_path):
     with pytest.raises(DataError, match=r"file not found: .*c\.es \(nor c\.es\.gz\)"):
         load_parallel(SourceConfig(format="text", path=str(tmp_path / "c")), "en", "es")
     write(tmp_path / "c.fr.gz", lines(EN))  # a language the corpus has not: name the ones it has
-    with pytest.raises(DataError, match=r"dev: file not found: .*c\.de \(nor c\.de\.gz\) for "
-                                         r"language 'de'; languages found for .*c: en, fr$"):
-        load_parallel(SourceConfig(format="text", path=str(tmp_path / "c")), "en", "de",
-                      split_name="dev")
+    with pytest.raises(
+        DataError,
+        match=r"dev: file not found: .*c\.de \(nor c\.de\.gz\) for "
+        r"language 'de'; languages found for .*c: en, fr$",
+    ):
+        load_parallel(
+            SourceConfig(format="text", path=str(tmp_path / "c")), "en", "de", split_name="dev"
+        )
 
 
 def test_text_empty_files_and_all_empty_pairs(tmp_path):
@@ -217,16 +224,21 @@ def test_tsv_numbered_columns_without_header(tmp_path):
     path = write(tmp_path / "c.tsv", lines(rows))
     ds = load_parallel(SourceConfig(format="tsv", path=str(path)), "en", "es")
     assert pairs(ds) == list(zip(EN, ES))  # default: columns 0 and 1
-    swapped = load_parallel(SourceConfig(format="tsv", path=str(path), src_column="1",
-                                         tgt_column="0"), "es", "en")
+    swapped = load_parallel(
+        SourceConfig(format="tsv", path=str(path), src_column="1", tgt_column="0"), "es", "en"
+    )
     assert pairs(swapped) == list(zip(ES, EN))
 
 
 def test_tsv_explicit_column_names(tmp_path):
-    path = write(tmp_path / "c.tsv", lines(["english\tspanish"] +
-                                           [f"{e}\t{s}" for e, s in zip(EN, ES)]))
-    ds = load_parallel(SourceConfig(format="tsv", path=str(path), src_column="english",
-                                    tgt_column="spanish"), "en", "es")
+    path = write(
+        tmp_path / "c.tsv", lines(["english\tspanish"] + [f"{e}\t{s}" for e, s in zip(EN, ES)])
+    )
+    ds = load_parallel(
+        SourceConfig(format="tsv", path=str(path), src_column="english", tgt_column="spanish"),
+        "en",
+        "es",
+    )
     assert pairs(ds) == list(zip(EN, ES))
 
 
@@ -244,30 +256,39 @@ def test_tsv_missing_language_column(tmp_path):
     with pytest.raises(DataError, match=r"c\.tsv: no column 'es' for the target .*en, fr"):
         load_parallel(SourceConfig(format="tsv", path=str(path), src_column="en"), "en", "es")
     with pytest.raises(DataError, match=r"no column 5 for the source"):
-        load_parallel(SourceConfig(format="tsv", path=str(path), src_column="5",
-                                   tgt_column="1"), "en", "es")
+        load_parallel(
+            SourceConfig(format="tsv", path=str(path), src_column="5", tgt_column="1"), "en", "es"
+        )
 
 
 def test_tsv_crlf_bom_gzip_and_empty_rows(tmp_path, caplog):
     content = "\ufeffen\tes\r\nHello.\tHola.\r\n\t\r\nBye.\tAdiós.\r\n"
     write(tmp_path / "c.tsv", content, gz=True)
     with caplog.at_level(logging.WARNING, logger="seq2seq.data.sources"):
-        ds = load_parallel(SourceConfig(format="tsv", path=str(tmp_path / "c.tsv")), "en", "es",
-                           split_name="test")
+        ds = load_parallel(
+            SourceConfig(format="tsv", path=str(tmp_path / "c.tsv")), "en", "es", split_name="test"
+        )
     assert pairs(ds) == [("Hello.", "Hola."), ("Bye.", "Adiós.")]
     assert any("test: skipped 1 of 3" in r.getMessage() for r in caplog.records)
     with pytest.raises(DataError, match=r"c\.tsv\.gz:3 \(source column\): empty source"):
-        load_parallel(SourceConfig(format="tsv", path=str(tmp_path / "c.tsv")), "en", "es",
-                      skip_empty=False)
+        load_parallel(
+            SourceConfig(format="tsv", path=str(tmp_path / "c.tsv")), "en", "es", skip_empty=False
+        )
 
 
 def test_csv_quoted_fields(tmp_path):
-    content = 'en,es\n"Hello, world.","Hola, mundo."\n"He said ""no"".","Dijo ""no""."\n' \
-              '"two\nlines","dos líneas"\nYes.,Sí.\n'
+    content = (
+        'en,es\n"Hello, world.","Hola, mundo."\n"He said ""no"".","Dijo ""no""."\n'
+        '"two\nlines","dos líneas"\nYes.,Sí.\n'
+    )
     path = write(tmp_path / "c.csv", content)
     ds = load_parallel(SourceConfig(format="csv", path=str(path)), "en", "es")
-    assert pairs(ds) == [("Hello, world.", "Hola, mundo."), ('He said "no".', 'Dijo "no".'),
-                         ("two\nlines", "dos líneas"), ("Yes.", "Sí.")]
+    assert pairs(ds) == [
+        ("Hello, world.", "Hola, mundo."),
+        ('He said "no".', 'Dijo "no".'),
+        ("two\nlines", "dos líneas"),
+        ("Yes.", "Sí."),
+    ]
 
 
 def test_csv_wrong_number_of_fields_counts_lines_of_multiline_records(tmp_path):
@@ -287,32 +308,48 @@ def test_tsv_missing_file(tmp_path):
 def test_jsonl_translation_convention_and_flat(tmp_path):
     import json
 
-    nested = [json.dumps({"translation": {"es": s, "en": e}}, ensure_ascii=False)
-              for e, s in zip(EN, ES)]
+    nested = [
+        json.dumps({"translation": {"es": s, "en": e}}, ensure_ascii=False) for e, s in zip(EN, ES)
+    ]
     path = write(tmp_path / "n.jsonl", "\n".join(nested[:2]) + "\n\n" + "\n".join(nested[2:]))
-    assert pairs(load_parallel(SourceConfig(format="jsonl", path=str(path)), "en", "es")) == \
-        list(zip(EN, ES))
+    assert pairs(load_parallel(SourceConfig(format="jsonl", path=str(path)), "en", "es")) == list(
+        zip(EN, ES)
+    )
     flat = [json.dumps({"id": i, "en": e, "es": s}) for i, (e, s) in enumerate(zip(EN, ES))]
     path = write(tmp_path / "f.jsonl", lines(flat).replace("\n", "\r\n"))
-    assert pairs(load_parallel(SourceConfig(format="jsonl", path=str(path)), "es", "en")) == \
-        list(zip(ES, EN))
+    assert pairs(load_parallel(SourceConfig(format="jsonl", path=str(path)), "es", "en")) == list(
+        zip(ES, EN)
+    )
 
 
 def test_jsonl_missing_key_in_one_row_names_the_line(tmp_path):
-    path = write(tmp_path / "c.jsonl", '{"translation": {"en": "a", "es": "b"}}\n\n'
-                                       '{"translation": {"en": "c"}}\n')
-    with pytest.raises(DataError, match=r"c\.jsonl:3: missing key 'translation\.es' "
-                                         r"\(the row has: en\)$"):
+    path = write(
+        tmp_path / "c.jsonl",
+        '{"translation": {"en": "a", "es": "b"}}\n\n{"translation": {"en": "c"}}\n',
+    )
+    with pytest.raises(
+        DataError,
+        match=r"c\.jsonl:3: missing key 'translation\.es' "
+        r"\(the row has: en\)$",
+    ):
         load_parallel(SourceConfig(format="jsonl", path=str(path)), "en", "es")
     # rows of different keys (datasets reads them as JSON objects): the row names its keys,
     # and a language no row has names the keys the rows have
-    path = write(tmp_path / "d.jsonl", '{"translation": {"en": "a", "es": "b"}}\n'
-                                       '{"translation": {"en": "c", "fr": "d"}}\n')
-    with pytest.raises(DataError, match=r"d\.jsonl:2: missing key 'translation\.es' "
-                                         r"\(the row has: en, fr\)$"):
+    path = write(
+        tmp_path / "d.jsonl",
+        '{"translation": {"en": "a", "es": "b"}}\n{"translation": {"en": "c", "fr": "d"}}\n',
+    )
+    with pytest.raises(
+        DataError,
+        match=r"d\.jsonl:2: missing key 'translation\.es' "
+        r"\(the row has: en, fr\)$",
+    ):
         load_parallel(SourceConfig(format="jsonl", path=str(path)), "en", "es")
-    with pytest.raises(DataError, match=r"d\.jsonl: no row has key 'translation\.de' "
-                                         r"\(keys seen: en, es, fr\)$"):
+    with pytest.raises(
+        DataError,
+        match=r"d\.jsonl: no row has key 'translation\.de' "
+        r"\(keys seen: en, es, fr\)$",
+    ):
         load_parallel(SourceConfig(format="jsonl", path=str(path)), "en", "de")
     path = write(tmp_path / "e.jsonl", '{"en": "a", "es": "b"}\n{"en": "c", "fr": "d"}\n')
     with pytest.raises(DataError, match=r"e\.jsonl:2: missing key 'es' \(the row has: en, fr\)$"):
@@ -348,14 +385,16 @@ def test_jsonl_invalid_utf8(tmp_path):
 
 def hub_like(tmp_path: Path) -> Path:
     """A DatasetDict as a hub translation dataset has it (``translation`` feature), saved."""
-    features = Features({"id": Value("string"),
-                         "translation": Translation(languages=["en", "es"])})
+    features = Features({"id": Value("string"), "translation": Translation(languages=["en", "es"])})
 
     def split(n0: int, n1: int) -> Dataset:
-        return Dataset.from_dict({"id": [str(i) for i in range(n0, n1)],
-                                  "translation": [{"en": e, "es": s}
-                                                  for e, s in zip(EN[n0:n1], ES[n0:n1])]},
-                                 features=features)
+        return Dataset.from_dict(
+            {
+                "id": [str(i) for i in range(n0, n1)],
+                "translation": [{"en": e, "es": s} for e, s in zip(EN[n0:n1], ES[n0:n1])],
+            },
+            features=features,
+        )
 
     path = tmp_path / "hub_like"
     DatasetDict({"train": split(0, 3), "validation": split(3, 4)}).save_to_disk(str(path))
@@ -366,20 +405,23 @@ def test_disk_datasetdict_in_translation_convention(tmp_path):
     path = hub_like(tmp_path)
     train = load_parallel(SourceConfig(format="disk", path=str(path)), "en", "es")
     assert pairs(train) == list(zip(EN[:3], ES[:3]))
-    dev = load_parallel(SourceConfig(format="disk", path=str(path), split="validation"),
-                        "es", "en")
+    dev = load_parallel(SourceConfig(format="disk", path=str(path), split="validation"), "es", "en")
     assert pairs(dev) == [(ES[3], EN[3])]
 
 
 def test_disk_flat_dataset_and_named_columns(tmp_path):
     path = tmp_path / "flat"
     Dataset.from_dict({"es": ES, "en": EN, "score": [1.0] * 4}).save_to_disk(str(path))
-    assert pairs(load_parallel(SourceConfig(format="disk", path=str(path)), "en", "es")) == \
-        list(zip(EN, ES))
+    assert pairs(load_parallel(SourceConfig(format="disk", path=str(path)), "en", "es")) == list(
+        zip(EN, ES)
+    )
     path = tmp_path / "named"
     Dataset.from_dict({"target": EN, "source": ES}).save_to_disk(str(path))
-    ds = load_parallel(SourceConfig(format="disk", path=str(path), src_column="target",
-                                    tgt_column="source"), "en", "es")
+    ds = load_parallel(
+        SourceConfig(format="disk", path=str(path), src_column="target", tgt_column="source"),
+        "en",
+        "es",
+    )
     assert pairs(ds) == list(zip(EN, ES))
 
 
@@ -408,8 +450,11 @@ def test_hub_loads_by_name_config_and_split(tmp_path, monkeypatch):
         return datasets.load_from_disk(str(saved))[split]
 
     monkeypatch.setattr(sources, "load_dataset", fake_load_dataset)
-    ds = load_parallel(SourceConfig(format="hub", path="someone/opus-en-es", name="en-es",
-                                    split="validation"), "en", "es")
+    ds = load_parallel(
+        SourceConfig(format="hub", path="someone/opus-en-es", name="en-es", split="validation"),
+        "en",
+        "es",
+    )
     assert calls == [("someone/opus-en-es", "en-es", "validation")]
     assert pairs(ds) == [(EN[3], ES[3])]
 

@@ -4,17 +4,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 from conftest import BOS, random_pairs, tiny_config, unpacked_batch
+
 from seq2seq.config import TrainConfig
 from seq2seq.model import build_model
-from seq2seq.training.step import (create_train_state, cross_entropy, learning_rate_schedule,
-                                   make_eval_step, make_optimizer, make_train_step)
+from seq2seq.training.step import (
+    create_train_state,
+    cross_entropy,
+    learning_rate_schedule,
+    make_eval_step,
+    make_optimizer,
+    make_train_step,
+)
 
 
 def _jit_step(graphdef, tx, label_smoothing=0.0):
-    return jax.jit(make_train_step(graphdef, tx, bos_id=BOS, label_smoothing=label_smoothing),
-                   donate_argnums=0)
+    return jax.jit(
+        make_train_step(graphdef, tx, bos_id=BOS, label_smoothing=label_smoothing), donate_argnums=0
+    )
 
 
 def test_label_smoothed_loss_matches_optax():
@@ -27,7 +34,8 @@ def test_label_smoothed_loss_matches_optax():
     soft = optax.smooth_labels(jax.nn.one_hot(targets, 7), eps)
     np.testing.assert_allclose(loss, optax.softmax_cross_entropy(logits, soft).sum(), rtol=1e-5)
     np.testing.assert_allclose(
-        nll, optax.softmax_cross_entropy_with_integer_labels(logits, targets).sum(), rtol=1e-5)
+        nll, optax.softmax_cross_entropy_with_integer_labels(logits, targets).sum(), rtol=1e-5
+    )
 
 
 def test_loss_ignores_padding():
@@ -57,8 +65,10 @@ def test_the_first_optimizer_step_changes_the_parameters():
     graphdef, state, train_step = _setup()
     init = jax.tree.map(np.array, state.params)
     new, _ = train_step(state, batch)
-    moved = max(float(np.abs(np.asarray(a) - b).max())
-                for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(init)))
+    moved = max(
+        float(np.abs(np.asarray(a) - b).max())
+        for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(init))
+    )
     assert moved > 1e-5
 
 
@@ -130,8 +140,10 @@ def test_grad_accumulation_equals_one_step_on_the_concatenation():
     assert float(m_acc["tokens"]) == float(m_one["tokens"]) == sum(tokens)
     for k in ("loss", "nll", "correct", "grad_norm"):
         np.testing.assert_allclose(float(m_acc[k]), float(m_one[k]), rtol=1e-5)
-    moved = max(float(np.abs(np.asarray(a) - b).max()) for a, b in
-                zip(jax.tree.leaves(acc.params), jax.tree.leaves(init)))
+    moved = max(
+        float(np.abs(np.asarray(a) - b).max())
+        for a, b in zip(jax.tree.leaves(acc.params), jax.tree.leaves(init))
+    )
     assert moved > 1e-3  # the step did change the parameters
 
 
@@ -158,13 +170,19 @@ def test_closed_form_loss_gradient_equals_autodiff_of_the_reference():
 
     def reference(z, eps):
         soft = optax.smooth_labels(jax.nn.one_hot(targets, 11), eps)
-        return (jnp.sum(optax.softmax_cross_entropy(z, soft) * weights),
-                jnp.sum(optax.softmax_cross_entropy_with_integer_labels(z, targets) * weights))
+        return (
+            jnp.sum(optax.softmax_cross_entropy(z, soft) * weights),
+            jnp.sum(optax.softmax_cross_entropy_with_integer_labels(z, targets) * weights),
+        )
 
     for eps in (0.0, 0.1):
         # a mix of both outputs exercises both cotangents of the custom gradient
-        ours = jax.grad(lambda z: 2.0 * cross_entropy(z, targets, weights, eps)[0]
-                        - 0.5 * cross_entropy(z, targets, weights, eps)[1])(logits)
+        ours = jax.grad(
+            lambda z: (
+                2.0 * cross_entropy(z, targets, weights, eps)[0]
+                - 0.5 * cross_entropy(z, targets, weights, eps)[1]
+            )
+        )(logits)
         ref = jax.grad(lambda z: 2.0 * reference(z, eps)[0] - 0.5 * reference(z, eps)[1])(logits)
         np.testing.assert_allclose(ours, ref, atol=1e-6)
     # padding positions get exactly zero gradient

@@ -12,8 +12,10 @@ from jax.experimental import multihost_utils
 from seq2seq.sharding import agree_to_stop
 
 
-@pytest.mark.parametrize("signum, out_of_time", [
-    (None, False), (None, True), (signal.SIGINT, False), (signal.SIGTERM, True)])
+@pytest.mark.parametrize(
+    "signum, out_of_time",
+    [(None, False), (None, True), (signal.SIGINT, False), (signal.SIGTERM, True)],
+)
 def test_one_process_returns_its_own_flags_without_a_collective(monkeypatch, signum, out_of_time):
     def no_collective(*args, **kwargs):
         raise AssertionError("a single process must not call a collective")

@@ -14,14 +14,12 @@ TEXTS = [f"sentence {i} about {'cats' if i % 2 else 'dogs'} and {i % 7} birds." 
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory) -> Tokenizer:
-    return train_or_load(TEXTS, TokenizerConfig(vocab_size=40),
-                         tmp_path_factory.mktemp("spm"))
+    return train_or_load(TEXTS, TokenizerConfig(vocab_size=40), tmp_path_factory.mktemp("spm"))
 
 
 @pytest.fixture(scope="module")
 def other_tok(tmp_path_factory) -> Tokenizer:
-    return train_or_load(TEXTS, TokenizerConfig(vocab_size=44),
-                         tmp_path_factory.mktemp("spm2"))
+    return train_or_load(TEXTS, TokenizerConfig(vocab_size=44), tmp_path_factory.mktemp("spm2"))
 
 
 def assert_same_ids(a, b):

@@ -14,17 +14,40 @@ from sentencepiece import sentencepiece_model_pb2
 
 from seq2seq.config import TokenizerConfig
 from seq2seq.data import tokenizer as tokenizer_module
-from seq2seq.data.tokenizer import (Tokenizer, TokenizerError, TokenizerPair, check_options,
-                                    load_pair, train_or_load, train_or_load_pair)
+from seq2seq.data.tokenizer import (
+    Tokenizer,
+    TokenizerError,
+    TokenizerPair,
+    check_options,
+    load_pair,
+    train_or_load,
+    train_or_load_pair,
+)
 
 _EN_SUBJ = ["I", "You", "We", "They", "Tom", "Mary", "The boy", "My friend"]
 _EN_VERB = ["see", "want", "like", "have", "need", "found", "bought", "lost"]
-_EN_OBJ = ["the cat", "a dog", "the book", "some water", "the house", "a window", "two keys",
-           "my bike"]
+_EN_OBJ = [
+    "the cat",
+    "a dog",
+    "the book",
+    "some water",
+    "the house",
+    "a window",
+    "two keys",
+    "my bike",
+]
 _ES_SUBJ = ["Yo", "Tú", "Nosotros", "Ellos", "Tom", "María", "El niño", "Mi amigo"]
 _ES_VERB = ["veo", "quiero", "tengo", "necesito", "encontré", "compré", "perdí", "busco"]
-_ES_OBJ = ["el gato", "un perro", "el libro", "agua", "la casa", "una ventana", "dos llaves",
-           "mi bici"]
+_ES_OBJ = [
+    "el gato",
+    "un perro",
+    "el libro",
+    "agua",
+    "la casa",
+    "una ventana",
+    "dos llaves",
+    "mi bici",
+]
 
 
 def corpus(n: int = 200, seed: int = 0) -> tuple[list[str], list[str]]:
@@ -78,10 +101,17 @@ def test_trained_once_then_reused(tmp_path, monkeypatch):
     assert again.sha256 == first.sha256
 
 
-@pytest.mark.parametrize("change", [{"texts": "one line more"}, {"vocab_size": 70},
-                                    {"model_type": "bpe"}, {"user_defined_symbols": ["<2es>"]},
-                                    {"normalization": "identity"},
-                                    {"byte_fallback": True, "vocab_size": 300}])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"texts": "one line more"},
+        {"vocab_size": 70},
+        {"model_type": "bpe"},
+        {"user_defined_symbols": ["<2es>"]},
+        {"normalization": "identity"},
+        {"byte_fallback": True, "vocab_size": 300},
+    ],
+)
 def test_changed_text_or_training_option_retrains(tmp_path, change):
     en, es = corpus()
     first = train_or_load(en + es, cfg(), tmp_path)
@@ -94,8 +124,11 @@ def test_changed_text_or_training_option_retrains(tmp_path, change):
 @pytest.mark.parametrize("model_type, proto_type", [("unigram", 1), ("bpe", 2)])
 def test_model_type_and_sampling_options_reach_the_trainer(tmp_path, model_type, proto_type):
     en, es = corpus(400)
-    tok = train_or_load(en + es, cfg(model_type=model_type, input_sentence_size=300,
-                                     character_coverage=0.999), tmp_path)
+    tok = train_or_load(
+        en + es,
+        cfg(model_type=model_type, input_sentence_size=300, character_coverage=0.999),
+        tmp_path,
+    )
     spec = trainer_spec(tok)
     assert spec.model_type == proto_type
     assert spec.vocab_size == 48 and tok.vocab_size == 48
@@ -150,23 +183,34 @@ def test_vocabulary_too_small_for_the_alphabet_suggests_a_size_that_works(tmp_pa
     assert train_or_load(en + es, cfg(vocab_size=needed), tmp_path).vocab_size == needed
 
 
-@pytest.mark.parametrize("change, key", [
-    ({"model_type": "word"}, "tokenizer.model_type='word'"),
-    ({"character_coverage": 0.9}, "tokenizer.character_coverage=0.9"),
-    ({"input_sentence_size": 50}, "tokenizer.input_sentence_size=50"),
-    ({"input_sentence_size": -1}, "tokenizer.input_sentence_size=-1"),
-    ({"vocab_size": 5, "user_defined_symbols": ["<a>"]}, "tokenizer.vocab_size=5"),
-    ({"user_defined_symbols": ["<a>", "<a>"]}, "tokenizer.user_defined_symbols"),
-    ({"src_model_file": "x.model"}, "tokenizer.src_model_file"),
-    ({"joint": False, "model_file": "x.model"}, "tokenizer.model_file"),
-    ({"normalization": "nfc"}, "tokenizer.normalization='nfc': expected one of nmt_nfkc, nfkc, "
-                               "nmt_nfkc_cf, nfkc_cf, identity"),
-    ({"byte_fallback": True}, "tokenizer.vocab_size=48: with tokenizer.byte_fallback=true it "
-                              "must exceed the 4 special ids, 0 user-defined symbols and the "
-                              "256 byte pieces"),
-    ({"model_file": "x.model", "normalization": "identity"}, "tokenizer.normalization='identity' "
-                                                            "applies to models trained by the run"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"model_type": "word"}, "tokenizer.model_type='word'"),
+        ({"character_coverage": 0.9}, "tokenizer.character_coverage=0.9"),
+        ({"input_sentence_size": 50}, "tokenizer.input_sentence_size=50"),
+        ({"input_sentence_size": -1}, "tokenizer.input_sentence_size=-1"),
+        ({"vocab_size": 5, "user_defined_symbols": ["<a>"]}, "tokenizer.vocab_size=5"),
+        ({"user_defined_symbols": ["<a>", "<a>"]}, "tokenizer.user_defined_symbols"),
+        ({"src_model_file": "x.model"}, "tokenizer.src_model_file"),
+        ({"joint": False, "model_file": "x.model"}, "tokenizer.model_file"),
+        (
+            {"normalization": "nfc"},
+            "tokenizer.normalization='nfc': expected one of nmt_nfkc, nfkc, "
+            "nmt_nfkc_cf, nfkc_cf, identity",
+        ),
+        (
+            {"byte_fallback": True},
+            "tokenizer.vocab_size=48: with tokenizer.byte_fallback=true it "
+            "must exceed the 4 special ids, 0 user-defined symbols and the "
+            "256 byte pieces",
+        ),
+        (
+            {"model_file": "x.model", "normalization": "identity"},
+            "tokenizer.normalization='identity' applies to models trained by the run",
+        ),
+    ],
+)
 def test_invalid_options_are_named_before_training(tmp_path, change, key):
     with pytest.raises(TokenizerError, match=re.escape(key)):
         check_options(cfg(**change))
@@ -180,15 +224,21 @@ def test_default_options_hash_as_before_the_newer_options(tmp_path):
     en, es = corpus()
     train_or_load(en + es, cfg(), tmp_path)
     options = json.loads((tmp_path / "spm.json").read_text())["options"]
-    assert set(options) == {"vocab_size", "model_type", "character_coverage",
-                            "input_sentence_size", "user_defined_symbols"}
+    assert set(options) == {
+        "vocab_size",
+        "model_type",
+        "character_coverage",
+        "input_sentence_size",
+        "user_defined_symbols",
+    }
 
 
 ZWNJ = "\u200c"  # Persian zero-width non-joiner: part of the spelling of a word
 
 
-@pytest.mark.parametrize("rule, name", [("nmt_nfkc", "nmt_nfkc"), ("identity", "identity"),
-                                        ("nfkc_cf", "nfkc_cf")])
+@pytest.mark.parametrize(
+    "rule, name", [("nmt_nfkc", "nmt_nfkc"), ("identity", "identity"), ("nfkc_cf", "nfkc_cf")]
+)
 def test_normalization_rule_reaches_the_model(tmp_path, rule, name):
     en, es = corpus()
     persian = [f"می{ZWNJ}خواهم بروم.", f"نمی{ZWNJ}دانم.", "Tom has a ︰ sign."] * 5
@@ -197,8 +247,11 @@ def test_normalization_rule_reaches_the_model(tmp_path, rule, name):
     proto.ParseFromString(tok.path.read_bytes())
     assert proto.normalizer_spec.name == name
     [out] = tok.decode(tok.encode([f"می{ZWNJ}خواهم ︰ Tom"]))
-    expected = {"nmt_nfkc": "می خواهم .. Tom",  # ZWNJ → space (nmt_), U+FE30 → ".." (NFKC)
-                "identity": f"می{ZWNJ}خواهم ︰ Tom", "nfkc_cf": f"می{ZWNJ}خواهم .. tom"}
+    expected = {
+        "nmt_nfkc": "می خواهم .. Tom",  # ZWNJ → space (nmt_), U+FE30 → ".." (NFKC)
+        "identity": f"می{ZWNJ}خواهم ︰ Tom",
+        "nfkc_cf": f"می{ZWNJ}خواهم .. tom",
+    }
     assert out == expected[rule]
 
 
@@ -210,8 +263,11 @@ def test_byte_fallback_spells_unknown_characters_in_bytes_that_decode_back(tmp_p
     tok = train_or_load(en + es, cfg(vocab_size=300, byte_fallback=True), tmp_path / "bytes")
     ids = tok.encode([text])[0].tolist()
     assert tok.unk_id not in ids
-    assert [tok.sp.id_to_piece(i) for i in ids if tok.sp.is_byte(i)] == ["<0x35>", "<0xCE>",
-                                                                         "<0xA9>"]
+    assert [tok.sp.id_to_piece(i) for i in ids if tok.sp.is_byte(i)] == [
+        "<0x35>",
+        "<0xCE>",
+        "<0xA9>",
+    ]
     assert tok.decode([ids]) == [text]
 
 
@@ -222,8 +278,7 @@ def test_user_supplied_model_is_used_as_is(tmp_path, monkeypatch):
     tok = train_or_load(["anything"], cfg(model_file=str(own.path)), tmp_path / "run")
     assert tok.path == own.path and tok.vocab_size == 50
     assert not (tmp_path / "run").exists()
-    pair = load_pair(cfg(model_file=str(own.path)), tmp_path / "run", src_lang="en",
-                     tgt_lang="es")
+    pair = load_pair(cfg(model_file=str(own.path)), tmp_path / "run", src_lang="en", tgt_lang="es")
     assert pair.joint and pair.source.sha256 == own.sha256
 
 
@@ -235,8 +290,9 @@ def test_missing_or_broken_model_file_is_named(tmp_path):
         Tokenizer(tmp_path / "bad.model")
     en, es = corpus()
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(en + es), model_writer=model,
-                                   vocab_size=48, pad_id=-1, minloglevel=2)  # no pad piece
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(en + es), model_writer=model, vocab_size=48, pad_id=-1, minloglevel=2
+    )  # no pad piece
     (tmp_path / "nopad.model").write_bytes(model.getvalue())
     with pytest.raises(TokenizerError, match="must define pad, bos and eos.*pad=-1"):
         Tokenizer(tmp_path / "nopad.model")
@@ -256,18 +312,22 @@ def test_separate_vocabularies_each_trained_on_its_own_side(tmp_path):
     pair = train_or_load_pair(en, es, cfg(joint=False), tmp_path, src_lang="en", tgt_lang="es")
     assert not pair.joint
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "spm.en.json", "spm.en.model", "spm.es.json", "spm.es.model"]
+        "spm.en.json",
+        "spm.en.model",
+        "spm.es.json",
+        "spm.es.model",
+    ]
     assert "¿" in pieces(pair.target) and "¿" not in pieces(pair.source)
     assert not any("ñ" in p for p in pieces(pair.source))
     # as a Tokenizer for translation: encode with the source model, decode with the target one
-    np.testing.assert_array_equal(pair.encode(["Tom sees the cat."])[0],
-                                  pair.source.encode(["Tom sees the cat."])[0])
+    np.testing.assert_array_equal(
+        pair.encode(["Tom sees the cat."])[0], pair.source.encode(["Tom sees the cat."])[0]
+    )
     es_ids = pair.target.encode(["¿Tom busco agua?"])
     assert pair.decode(es_ids) == ["¿Tom busco agua?"]
     assert pair.source.decode(es_ids) != ["¿Tom busco agua?"]
     loaded = load_pair(cfg(joint=False), tmp_path, src_lang="en", tgt_lang="es")
-    assert (loaded.source.sha256, loaded.target.sha256) == (pair.source.sha256,
-                                                            pair.target.sha256)
+    assert (loaded.source.sha256, loaded.target.sha256) == (pair.source.sha256, pair.target.sha256)
 
 
 def test_separate_vocabularies_with_one_given_model(tmp_path, monkeypatch):
@@ -281,8 +341,14 @@ def test_separate_vocabularies_with_one_given_model(tmp_path, monkeypatch):
         return real_train(texts, config, workdir, **kw)
 
     monkeypatch.setattr(tokenizer_module, "train_or_load", spy)
-    pair = train_or_load_pair(en, es, cfg(joint=False, src_model_file=str(given.path)),
-                              tmp_path / "run", src_lang="en", tgt_lang="es")
+    pair = train_or_load_pair(
+        en,
+        es,
+        cfg(joint=False, src_model_file=str(given.path)),
+        tmp_path / "run",
+        src_lang="en",
+        tgt_lang="es",
+    )
     assert calls == ["spm.es"]  # only the target side was trained
     assert pair.src_vocab_size == 40 and pair.vocab_size == 48
     assert pair.source.path == given.path
@@ -292,9 +358,16 @@ def test_pair_needs_the_same_special_ids(tmp_path):
     en, es = corpus()
     ours = train_or_load(en, cfg(), tmp_path / "ours")
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(es), model_writer=model,
-                                   vocab_size=48, pad_id=3, unk_id=0, bos_id=1, eos_id=2,
-                                   minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(es),
+        model_writer=model,
+        vocab_size=48,
+        pad_id=3,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        minloglevel=2,
+    )
     (tmp_path / "other.model").write_bytes(model.getvalue())
     with pytest.raises(TokenizerError, match="disagree on pad_id"):
         TokenizerPair(ours, Tokenizer(tmp_path / "other.model"))

@@ -12,11 +12,11 @@ import textwrap
 from dataclasses import replace
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import sacrebleu
 from flax import nnx
+from tiny_run import xla_flags
 
 from seq2seq import cli
 from seq2seq import translation as translation_module
@@ -25,7 +25,6 @@ from seq2seq.data.tokenizer import Tokenizer, train_or_load
 from seq2seq.decoding import length_penalty
 from seq2seq.model import build_model
 from seq2seq.translation import Hypothesis, Translator, check_decode_config
-from tiny_run import xla_flags
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "tatoeba-en-es"
 # 4 lines in bucket 16 and 2 in bucket 32 (batches of 4 and 2 rows), 2 empty ones; most tests
@@ -49,8 +48,15 @@ SAMPLING = replace(DECODE, sampling=True, temperature=1.0, top_k=20, seed=1)
 def tiny_parts(tokenizer_path, eos_bias=0.0):
     """(tokenizer, graphdef, params) of a random 1-layer model; also used by the 8-device run."""
     tokenizer = Tokenizer(tokenizer_path)
-    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, num_heads=2,
-                      num_encoder_layers=1, num_decoder_layers=1, d_ff=32, dropout_rate=0.0)
+    cfg = ModelConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=16,
+        num_heads=2,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        d_ff=32,
+        dropout_rate=0.0,
+    )
     model = build_model(cfg, seed=0)
     if eos_bias:
         # logits = norm(x) · Eᵀ: this norm bias adds eos_bias to the EOS logit
@@ -90,11 +96,16 @@ def assert_same(a, b):
     shape can change the order of additions)."""
     a, b = as_tuples(a), as_tuples(b)
     assert [[h[:2] for h in hyps] for hyps in a] == [[h[:2] for h in hyps] for hyps in b]
-    np.testing.assert_allclose([h[2:] for hyps in a for h in hyps],
-                               [h[2:] for hyps in b for h in hyps], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        [h[2:] for hyps in a for h in hyps],
+        [h[2:] for hyps in b for h in hyps],
+        rtol=1e-5,
+        atol=1e-4,
+    )
 
 
 # -- Translator ----------------------------------------------------------------------------------
+
 
 def test_batching_and_order_do_not_change_translations(parts):
     tokenizer = parts[0]
@@ -117,8 +128,11 @@ def test_batching_and_order_do_not_change_translations(parts):
             assert tokenizer.eos_id not in h.tokens and tokenizer.pad_id not in h.tokens
             n = len(tokenizer.encode([line])[0])
             assert len(h.tokens) + 1 <= np.ceil(DECODE.max_len_a * n + DECODE.max_len_b)
-            np.testing.assert_allclose(h.score, h.logprob / float(length_penalty(
-                len(h.tokens) + 1, DECODE.alpha)), rtol=1e-5)
+            np.testing.assert_allclose(
+                h.score,
+                h.logprob / float(length_penalty(len(h.tokens) + 1, DECODE.alpha)),
+                rtol=1e-5,
+            )
 
 
 def test_empty_lines_give_empty_output_without_decoding(parts, monkeypatch):
@@ -139,8 +153,11 @@ def test_long_lines_are_truncated_with_a_warning_or_rejected(parts, caplog):
     assert all(len(hyps) == 1 for hyps in out)
     full = translator(parts).translate(LONG)
     assert_same([out[0], out[2], out[3]], [full[0], full[2], full[3]])
-    with pytest.raises(ValueError, match=r"1 line\(s\) longer than the limit of 16 tokens: "
-                                         r"line 2 \(18 tokens\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"1 line\(s\) longer than the limit of 16 tokens: "
+        r"line 2 \(18 tokens\)",
+    ):
         translator(parts, max_src_len=16, on_long="reject").translate(LONG)
 
 
@@ -165,7 +182,9 @@ def test_sampling_is_seeded_per_line(parts):
     batched = translator(parts, SAMPLING).translate(LINES, nbest=3)
     assert_same(one_per_batch, batched)  # independent of the batching
     other = translator(parts, replace(SAMPLING, seed=2)).translate(LINES, nbest=3)
-    assert [h.tokens for hyps in other for h in hyps] != [h.tokens for hyps in batched for h in hyps]
+    assert [h.tokens for hyps in other for h in hyps] != [
+        h.tokens for hyps in batched for h in hyps
+    ]
     # a duplicate line is sampled afresh (its own line key)
     assert [h.tokens for h in batched[2]] != [h.tokens for h in batched[6]]
     for line, hyps in zip(LINES, batched):
@@ -178,10 +197,15 @@ def test_invalid_options_are_rejected(parts):
     with pytest.raises(ValueError, match="between 1 and the beam size 3"):
         translator(parts).translate(["Yes."], nbest=4)
     assert translator(parts, SAMPLING).translate([""], nbest=4) == [[Hypothesis("", (), 0, 0)]]
-    bad = [(dict(beam_size=0), "decode.beam_size"), (dict(alpha=-1.0), "decode.alpha"),
-           (dict(length_penalty="x"), "decode.length_penalty"),
-           (dict(top_p=0.0), "decode.top_p"), (dict(temperature=0.0), "decode.temperature"),
-           (dict(min_length=-1), "decode.min_length"), (dict(max_tokens=0), "decode.max_tokens")]
+    bad = [
+        (dict(beam_size=0), "decode.beam_size"),
+        (dict(alpha=-1.0), "decode.alpha"),
+        (dict(length_penalty="x"), "decode.length_penalty"),
+        (dict(top_p=0.0), "decode.top_p"),
+        (dict(temperature=0.0), "decode.temperature"),
+        (dict(min_length=-1), "decode.min_length"),
+        (dict(max_tokens=0), "decode.max_tokens"),
+    ]
     for change, key in bad:
         with pytest.raises(ValueError, match=key):
             check_decode_config(replace(DECODE, **change))
@@ -212,17 +236,25 @@ SHARDED = textwrap.dedent("""
 
 def test_translation_is_identical_on_1_and_8_devices(parts, tokenizer_path):
     env = dict(os.environ, XLA_FLAGS=xla_flags(8), JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SHARDED, str(Path(__file__).parent),
-                           tokenizer_path], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", SHARDED, str(Path(__file__).parent), tokenizer_path],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     sharded = json.loads(proc.stdout.strip().splitlines()[-1])
     for name, config in (("beam", DECODE), ("sampling", SAMPLING)):
         single = translator(parts, config).translate(LINES, nbest=3)
-        assert_same([[Hypothesis(h[0], tuple(h[1]), h[2], h[3]) for h in hyps]
-                     for hyps in sharded[name]], single)
+        assert_same(
+            [[Hypothesis(h[0], tuple(h[1]), h[2], h[3]) for h in hyps] for hyps in sharded[name]],
+            single,
+        )
 
 
 # -- seq2seq-translate and seq2seq-evaluate ------------------------------------------------------
+
 
 @pytest.fixture
 def run(parts, monkeypatch, tmp_path):
@@ -251,28 +283,69 @@ def test_translate_command_stdin_to_stdout(run, parts, monkeypatch, capsys):
 
 def test_translate_command_nbest_file_to_file(run, parts, capsys):
     (run / "in.txt").write_text("\n".join(LINES) + "\n", encoding="utf-8")
-    argv = ["--workdir", "RUN", "--input", str(run / "in.txt"), "--output", str(run / "out.txt"),
-            "--nbest", "2"]
+    argv = [
+        "--workdir",
+        "RUN",
+        "--input",
+        str(run / "in.txt"),
+        "--output",
+        str(run / "out.txt"),
+        "--nbest",
+        "2",
+    ]
     assert cli.translate_main(argv) == 0
     assert capsys.readouterr().out == ""
     rows = [r.split(" ||| ") for r in (run / "out.txt").read_text(encoding="utf-8").splitlines()]
     results = translator(parts).translate(LINES, nbest=2)
-    expected = [[str(i), h.text, f"{h.logprob:.4f}", f"{h.score:.4f}"]
-                for i, hyps in enumerate(results) for h in hyps]
+    expected = [
+        [str(i), h.text, f"{h.logprob:.4f}", f"{h.score:.4f}"]
+        for i, hyps in enumerate(results)
+        for h in hyps
+    ]
     assert rows == expected
-    assert [r[0] for r in rows] == ["0", "0", "1", "2", "2", "3", "3", "4", "5", "5", "6", "6",
-                                    "7", "7"]  # empty lines give one empty hypothesis
+    assert [r[0] for r in rows] == [
+        "0",
+        "0",
+        "1",
+        "2",
+        "2",
+        "3",
+        "3",
+        "4",
+        "5",
+        "5",
+        "6",
+        "6",
+        "7",
+        "7",
+    ]  # empty lines give one empty hypothesis
 
 
 def test_translate_command_sampling(run, parts, capsys):
     (run / "in.txt").write_text("\n".join(LINES) + "\n", encoding="utf-8")
-    argv = ["--workdir", "RUN", "--input", str(run / "in.txt"), "--sampling", "--top-k", "20",
-            "--seed", "1", "--temperature", "1.0", "--nbest", "3"]
+    argv = [
+        "--workdir",
+        "RUN",
+        "--input",
+        str(run / "in.txt"),
+        "--sampling",
+        "--top-k",
+        "20",
+        "--seed",
+        "1",
+        "--temperature",
+        "1.0",
+        "--nbest",
+        "3",
+    ]
     assert cli.translate_main(argv) == 0
     rows = capsys.readouterr().out.splitlines()
     results = translator(parts, SAMPLING).translate(LINES, nbest=3)
-    assert rows == [f"{i} ||| {h.text} ||| {h.logprob:.4f} ||| {h.score:.4f}"
-                    for i, hyps in enumerate(results) for h in hyps]
+    assert rows == [
+        f"{i} ||| {h.text} ||| {h.logprob:.4f} ||| {h.score:.4f}"
+        for i, hyps in enumerate(results)
+        for h in hyps
+    ]
 
 
 def test_translate_command_options_reach_the_translator(run, monkeypatch, capsys):
@@ -280,8 +353,12 @@ def test_translate_command_options_reach_the_translator(run, monkeypatch, capsys
 
     class FakeTranslator:
         def __init__(self, graphdef, params, tokenizer, config, max_src_len, on_long, partitioner):
-            seen.update(config=config, max_src_len=max_src_len, on_long=on_long,
-                        mesh=dict(partitioner.mesh.shape))
+            seen.update(
+                config=config,
+                max_src_len=max_src_len,
+                on_long=on_long,
+                mesh=dict(partitioner.mesh.shape),
+            )
 
         def translate(self, lines, nbest=1, progress=False, source=None):
             seen.update(nbest=nbest, progress=progress)
@@ -289,38 +366,91 @@ def test_translate_command_options_reach_the_translator(run, monkeypatch, capsys
 
     monkeypatch.setattr("seq2seq.translation.Translator", FakeTranslator)
     (run / "in.txt").write_text("a\nb\n", encoding="utf-8")
-    argv = ["--workdir", "RUN", "--input", str(run / "in.txt"), "--beam", "5", "--alpha", "1.0",
-            "--min-length", "2", "--max-tokens", "100", "--sampling", "--temperature", "0.7",
-            "--top-k", "7", "--top-p", "0.9", "--seed", "3", "--max-src-tokens", "40",
-            "--on-long", "reject", "--nbest", "2"]
+    argv = [
+        "--workdir",
+        "RUN",
+        "--input",
+        str(run / "in.txt"),
+        "--beam",
+        "5",
+        "--alpha",
+        "1.0",
+        "--min-length",
+        "2",
+        "--max-tokens",
+        "100",
+        "--sampling",
+        "--temperature",
+        "0.7",
+        "--top-k",
+        "7",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "3",
+        "--max-src-tokens",
+        "40",
+        "--on-long",
+        "reject",
+        "--nbest",
+        "2",
+    ]
     assert cli.translate_main(argv) == 0
-    assert capsys.readouterr().out == ("0 ||| A ||| -1.0000 ||| -0.5000\n" * 2
-                                       + "1 ||| B ||| -1.0000 ||| -0.5000\n" * 2)
-    assert seen == dict(config=replace(DECODE, beam_size=5, alpha=1.0, min_length=2,
-                                       max_tokens=100, sampling=True, temperature=0.7, top_k=7,
-                                       top_p=0.9, seed=3),
-                        max_src_len=40, on_long="reject", nbest=2, progress=True,
-                        mesh={"data": 1, "fsdp": 1, "tensor": 1})  # the run's mesh, here
+    assert capsys.readouterr().out == (
+        "0 ||| A ||| -1.0000 ||| -0.5000\n" * 2 + "1 ||| B ||| -1.0000 ||| -0.5000\n" * 2
+    )
+    assert seen == dict(
+        config=replace(
+            DECODE,
+            beam_size=5,
+            alpha=1.0,
+            min_length=2,
+            max_tokens=100,
+            sampling=True,
+            temperature=0.7,
+            top_k=7,
+            top_p=0.9,
+            seed=3,
+        ),
+        max_src_len=40,
+        on_long="reject",
+        nbest=2,
+        progress=True,
+        mesh={"data": 1, "fsdp": 1, "tensor": 1},
+    )  # the run's mesh, here
     # defaults: the run's decode config, max(data.max_len, 256) tokens, no progress bar on stdin
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x\n"), encoding="utf-8"))
     assert cli.translate_main(["--workdir", "RUN"]) == 0
     assert capsys.readouterr().out == "X\n"
-    assert seen == dict(config=DECODE, max_src_len=256, on_long="truncate", nbest=1,
-                        progress=False, mesh={"data": 1, "fsdp": 1, "tensor": 1})
+    assert seen == dict(
+        config=DECODE,
+        max_src_len=256,
+        on_long="truncate",
+        nbest=1,
+        progress=False,
+        mesh={"data": 1, "fsdp": 1, "tensor": 1},
+    )
     # sampling options without --sampling, and out-of-range values, are errors
-    assert cli.translate_main(["--workdir", "RUN", "--input", str(run / "in.txt"),
-                               "--top-k", "5", "--seed", "2"]) == 2
+    assert (
+        cli.translate_main(
+            ["--workdir", "RUN", "--input", str(run / "in.txt"), "--top-k", "5", "--seed", "2"]
+        )
+        == 2
+    )
     assert "--top-k, --seed only apply with --sampling" in capsys.readouterr().err
-    for bad, message in ((["--top-p", "1.5"], "must be in (0, 1]"),
-                         (["--temperature", "0"], "must be > 0"), (["--beam", "0"], "must be ≥ 1"),
-                         (["--on-long", "drop"], "invalid choice")):
+    for bad, message in (
+        (["--top-p", "1.5"], "must be in (0, 1]"),
+        (["--temperature", "0"], "must be > 0"),
+        (["--beam", "0"], "must be ≥ 1"),
+        (["--on-long", "drop"], "invalid choice"),
+    ):
         with pytest.raises(SystemExit):
             cli.translate_main(["--workdir", "RUN", "--sampling"] + bad)
         assert message in capsys.readouterr().err
 
 
 def test_translate_command_names_the_bad_line(run, monkeypatch, capsys):
-    (run / "bad.txt").write_bytes("ok\nstill ok\n".encode() + b"caf\xe9\n")
+    (run / "bad.txt").write_bytes(b"ok\nstill ok\n" + b"caf\xe9\n")
     assert cli.translate_main(["--workdir", "RUN", "--input", str(run / "bad.txt")]) == 2
     err = capsys.readouterr().err
     assert f"{run / 'bad.txt'}:3: invalid UTF-8 (byte 0xe9 at byte 4 of the line)" in err
@@ -338,17 +468,36 @@ def test_translate_command_long_lines(run, capsys):
     assert f"{run / 'in.txt'}:2: 18 tokens, truncated to 16" in captured.err
     assert cli.translate_main(base + ["--on-long", "reject"]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and (f"{run / 'in.txt'}: 1 line(s) longer than the limit of 16 "
-                                   "tokens: line 2 (18 tokens)") in captured.err
+    assert (
+        captured.out == ""
+        and (f"{run / 'in.txt'}: 1 line(s) longer than the limit of 16 tokens: line 2 (18 tokens)")
+        in captured.err
+    )
 
 
 def test_evaluate_command(run, parts, capsys):
-    refs = ["No puedo comer pollo.", "", "Tom está aquí.", "¿Dónde pusiste las llaves?", "",
-            "Sí.", "Tom está aquí.", "Dijo que volvería."]
+    refs = [
+        "No puedo comer pollo.",
+        "",
+        "Tom está aquí.",
+        "¿Dónde pusiste las llaves?",
+        "",
+        "Sí.",
+        "Tom está aquí.",
+        "Dijo que volvería.",
+    ]
     (run / "src.en").write_text("\n".join(LINES) + "\n", encoding="utf-8")
     (run / "ref.es").write_text("\n".join(refs) + "\n", encoding="utf-8")
-    argv = ["--workdir", "RUN", "--src", str(run / "src.en"), "--ref", str(run / "ref.es"),
-            "--output", str(run / "hyp.es")]
+    argv = [
+        "--workdir",
+        "RUN",
+        "--src",
+        str(run / "src.en"),
+        "--ref",
+        str(run / "ref.es"),
+        "--output",
+        str(run / "hyp.es"),
+    ]
     assert cli.evaluate_main(argv) == 0
     out = capsys.readouterr().out
     hyps = (run / "hyp.es").read_text(encoding="utf-8").split("\n")[:-1]
@@ -365,8 +514,12 @@ def test_evaluate_command(run, parts, capsys):
     assert cli.evaluate_main(["--workdir", "RUN", "--src", str(run / "src.en")]) == 2
     assert "give both --src and --ref" in capsys.readouterr().err
     (run / "empty").write_text("", encoding="utf-8")
-    assert cli.evaluate_main(["--workdir", "RUN", "--src", str(run / "empty"), "--ref",
-                              str(run / "empty")]) == 2
+    assert (
+        cli.evaluate_main(
+            ["--workdir", "RUN", "--src", str(run / "empty"), "--ref", str(run / "empty")]
+        )
+        == 2
+    )
     assert "need as many hypotheses as references (> 0)" in capsys.readouterr().err
     assert cli.evaluate_main(argv[:4] + ["--ref", str(run / "missing.es")]) == 2
     assert "missing.es" in capsys.readouterr().err

@@ -4,17 +4,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import BOS, random_pairs, tiny_config, unpacked_batch
 from flax import nnx
 
-from conftest import BOS, random_pairs, tiny_config, unpacked_batch
 from seq2seq.config import ConfigError, ModelConfig, load_config
 from seq2seq.model import build_model
 from seq2seq.model.layers import FeedForward
 from seq2seq.model.precision import matmul
 
 
-@pytest.mark.parametrize("activation,act", [
-    ("relu", jax.nn.relu), ("gelu", jax.nn.gelu), ("swiglu", jax.nn.silu), ("geglu", jax.nn.gelu)])
+@pytest.mark.parametrize(
+    "activation,act",
+    [("relu", jax.nn.relu), ("gelu", jax.nn.gelu), ("swiglu", jax.nn.silu), ("geglu", jax.nn.gelu)],
+)
 def test_ffn_matches_its_formula(activation, act):
     ffn = FeedForward(8, 16, activation=activation, rngs=nnx.Rngs(0))
     for layer in (ffn.wi, ffn.wo, ffn.wi_gate):  # nonzero biases so they are checked too
@@ -38,9 +40,11 @@ def test_embedding_sharing_modes(mode):
     assert ("target_embed" in params) == (mode != "all")
     assert ("output" in params) == (mode == "none")
     x = jnp.linspace(-1.0, 1.0, 32)[None]
-    matrix = {"all": model.embed.embedding[...].T,
-              "target": model.target_embed.embedding[...].T if mode != "all" else None,
-              "none": model.output.kernel[...] if mode == "none" else None}[mode]
+    matrix = {
+        "all": model.embed.embedding[...].T,
+        "target": model.target_embed.embedding[...].T if mode != "all" else None,
+        "none": model.output.kernel[...] if mode == "none" else None,
+    }[mode]
     np.testing.assert_allclose(model.logits(x), x @ matrix, atol=1e-5)  # post-norm: no final LN
     if mode != "all":  # the source side keeps its own embedding
         assert not np.allclose(model.embed.embedding[...], model.target_embed.embedding[...])
@@ -54,16 +58,24 @@ def test_old_boolean_share_embeddings_still_loads(tmp_path):
     assert ModelConfig(share_embeddings=True).share_embeddings == "all"
 
 
-@pytest.mark.parametrize("key,value", [("positions", "absolute"), ("activation", "swish"),
-                                       ("norm", "sandwich"), ("share_embeddings", "some"),
-                                       ("dtype", "float16")])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("positions", "absolute"),
+        ("activation", "swish"),
+        ("norm", "sandwich"),
+        ("share_embeddings", "some"),
+        ("dtype", "float16"),
+    ],
+)
 def test_unknown_choices_are_named(key, value):
     with pytest.raises(ConfigError, match=rf"model\.{key} must be one of .*'{value}'"):
         load_config(None, [f"model.{key}={value}"])
 
 
-@pytest.mark.parametrize("rate_key", ["dropout_rate", "attention_dropout_rate",
-                                      "activation_dropout_rate"])
+@pytest.mark.parametrize(
+    "rate_key", ["dropout_rate", "attention_dropout_rate", "activation_dropout_rate"]
+)
 def test_each_dropout_rate_acts_on_its_own(rate_key, rng):
     src, tgt = random_pairs(2, rng)
     batch = unpacked_batch(src, tgt, 10)
@@ -79,9 +91,11 @@ def test_each_dropout_rate_acts_on_its_own(rate_key, rng):
     noisy = np.asarray(model(batch, bos_id=BOS, deterministic=False, rngs=nnx.Rngs(dropout=1)))
     assert np.abs(noisy[real] - clean[real]).max() > 1e-2
     layer = model.encoder_layers[0]
-    rates = {"dropout_rate": layer.attention_block.dropout.rate,
-             "attention_dropout_rate": layer.self_attention.dropout_rate,
-             "activation_dropout_rate": layer.ffn.dropout.rate}
+    rates = {
+        "dropout_rate": layer.attention_block.dropout.rate,
+        "attention_dropout_rate": layer.self_attention.dropout_rate,
+        "activation_dropout_rate": layer.ffn.dropout.rate,
+    }
     assert rates == {k: (0.5 if k == rate_key else 0.0) for k in rates}
 
 
@@ -90,8 +104,9 @@ def test_bfloat16_compute_with_float32_parameters(rng):
     batch = unpacked_batch(src, tgt, 10)
     f32 = build_model(tiny_config(positions="relative"), seed=0)
     bf16 = build_model(tiny_config(positions="relative", dtype="bfloat16"), seed=0)
-    for p32, p16 in zip(jax.tree.leaves(nnx.state(f32, nnx.Param)),
-                        jax.tree.leaves(nnx.state(bf16, nnx.Param))):
+    for p32, p16 in zip(
+        jax.tree.leaves(nnx.state(f32, nnx.Param)), jax.tree.leaves(nnx.state(bf16, nnx.Param))
+    ):
         assert p16.dtype == jnp.float32  # parameters stay float32 (and equal: same init)
         np.testing.assert_array_equal(p16, p32)
     encoded = bf16.encode(batch["src"], batch["src_segments"], batch["src_positions"])
@@ -129,9 +144,19 @@ def test_bfloat16_matmuls_accumulate_in_float32_forward_and_backward():
         wt = w.T if transposed else w
         ref = jax.grad(lambda x, v: jnp.sum(jnp.sin(x @ (v.T if transposed else v))), (0, 1))(x, wt)
         for dtype, tol in ((jnp.float32, 1e-6), (jnp.bfloat16, 3e-2)):
-            got = jax.grad(lambda x, v: jnp.sum(jnp.sin(matmul(
-                x.astype(dtype), v.astype(dtype), w_transposed=transposed,
-                out_dtype=jnp.float32))), (0, 1))(x, wt)
+            got = jax.grad(
+                lambda x, v: jnp.sum(
+                    jnp.sin(
+                        matmul(
+                            x.astype(dtype),
+                            v.astype(dtype),
+                            w_transposed=transposed,
+                            out_dtype=jnp.float32,
+                        )
+                    )
+                ),
+                (0, 1),
+            )(x, wt)
             for g, r in zip(got, ref):
                 assert g.dtype == jnp.float32 and g.shape == r.shape
                 assert float(jnp.abs(g - r).max() / jnp.abs(r).max()) < tol
@@ -178,8 +203,9 @@ def test_float32_weight_gradients_are_two_dimensional_matmuls():
 
 
 def test_bfloat16_layers_multiply_bfloat16_operands_in_the_backward_pass_too():
-    dots = [tuple(v.aval.dtype for v in eqn.invars)
-            for eqn in _training_projection_dots("bfloat16")]
+    dots = [
+        tuple(v.aval.dtype for v in eqn.invars) for eqn in _training_projection_dots("bfloat16")
+    ]
     # every projection of the forward and backward pass multiplies bfloat16 operands (the
     # float32-accumulated products are rounded back), none silently falls back to float32
     # (jax.nn.dot_product_attention's own backward keeps float32 score gradients)

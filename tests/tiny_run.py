@@ -25,10 +25,15 @@ def write_corpus(directory: Path, train: int = 400, dev: int = 16, test: int = 6
         with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
             lines[lang] = f.read().split("\n")[: train + dev + test]
     out = {}
-    for name, start, count in (("train", 0, train), ("dev", train, dev), ("test", train + dev, test)):
+    for name, start, count in (
+        ("train", 0, train),
+        ("dev", train, dev),
+        ("test", train + dev, test),
+    ):
         for lang in ("en", "es"):
             (directory / f"{name}.{lang}").write_text(
-                "\n".join(lines[lang][start:start + count]) + "\n", encoding="utf-8")
+                "\n".join(lines[lang][start : start + count]) + "\n", encoding="utf-8"
+            )
         out[name] = str(directory / name)
     return out
 
@@ -36,13 +41,30 @@ def write_corpus(directory: Path, train: int = 400, dev: int = 16, test: int = 6
 def tiny_overrides(corpus: dict[str, str], workdir: Path, *extra: str) -> list[str]:
     """Overrides for a ~20k-parameter model on ``corpus`` (later ``extra`` keys win)."""
     return [
-        f"workdir={workdir}", f"data.train.path={corpus['train']}", f"data.dev.path={corpus['dev']}",
-        f"data.test.path={corpus['test']}", "data.max_len=32", "data.max_tokens=256",
-        "tokenizer.vocab_size=200", "model.d_model=16", "model.num_heads=2", "model.d_ff=32",
-        "model.num_encoder_layers=1", "model.num_decoder_layers=1", "model.dropout_rate=0.1",
-        "train.warmup_steps=4", "train.log_every=2", "train.eval_every=1000",
-        "train.checkpoint_every=1000", "train.dev_bleu=false", "train.best_metric=loss",
-        "decode.beam_size=1", "decode.max_len_a=1.0", "decode.max_len_b=4", *extra]
+        f"workdir={workdir}",
+        f"data.train.path={corpus['train']}",
+        f"data.dev.path={corpus['dev']}",
+        f"data.test.path={corpus['test']}",
+        "data.max_len=32",
+        "data.max_tokens=256",
+        "tokenizer.vocab_size=200",
+        "model.d_model=16",
+        "model.num_heads=2",
+        "model.d_ff=32",
+        "model.num_encoder_layers=1",
+        "model.num_decoder_layers=1",
+        "model.dropout_rate=0.1",
+        "train.warmup_steps=4",
+        "train.log_every=2",
+        "train.eval_every=1000",
+        "train.checkpoint_every=1000",
+        "train.dev_bleu=false",
+        "train.best_metric=loss",
+        "decode.beam_size=1",
+        "decode.max_len_a=1.0",
+        "decode.max_len_b=4",
+        *extra,
+    ]
 
 
 def tiny_config(corpus: dict[str, str], workdir: Path, *extra: str) -> Config:
@@ -81,8 +103,12 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 def train_command(overrides: list[str]) -> list[str]:
     """``seq2seq-train`` as a subprocess command line, through this interpreter."""
-    return [sys.executable, "-c", "import sys; from seq2seq.cli import train_main; "
-            "sys.exit(train_main(sys.argv[1:]))", *overrides]
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from seq2seq.cli import train_main; sys.exit(train_main(sys.argv[1:]))",
+        *overrides,
+    ]
 
 
 def run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -90,8 +116,13 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> subprocess
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def write_hub_dataset(directory: Path, config_name: str, splits: dict[str, list[tuple[str, str]]],
-                      src_lang: str, tgt_lang: str) -> str:
+def write_hub_dataset(
+    directory: Path,
+    config_name: str,
+    splits: dict[str, list[tuple[str, str]]],
+    src_lang: str,
+    tgt_lang: str,
+) -> str:
     """A local dataset with the layout of a Hugging Face hub translation dataset (e.g. ``wmt14``):
     a README whose YAML header declares the config ``config_name`` and its splits, and one JSON
     Lines file per split with rows ``{"translation": {src_lang: ..., tgt_lang: ...}}``.
@@ -108,8 +139,10 @@ def write_hub_dataset(directory: Path, config_name: str, splits: dict[str, list[
         header += [f"  - split: {split}", f"    path: {config_name}/{split}.jsonl"]
         with open(directory / config_name / f"{split}.jsonl", "w", encoding="utf-8") as f:
             for src, tgt in pairs:
-                f.write(json.dumps({"translation": {src_lang: src, tgt_lang: tgt}},
-                                   ensure_ascii=False) + "\n")
+                f.write(
+                    json.dumps({"translation": {src_lang: src, tgt_lang: tgt}}, ensure_ascii=False)
+                    + "\n"
+                )
     (directory / "README.md").write_text("\n".join(header + ["---", ""]), encoding="utf-8")
     return str(directory)
 
@@ -119,5 +152,5 @@ def shipped_pairs(start: int, count: int) -> list[tuple[str, str]]:
     sides = []
     for lang in ("en", "es"):
         with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            sides.append(f.read().split("\n")[start:start + count])
+            sides.append(f.read().split("\n")[start : start + count])
     return list(zip(*sides))

@@ -20,7 +20,7 @@ step already in the checkpoint and random access to any step, without a new depe
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -28,8 +28,15 @@ Batch = dict[str, np.ndarray]
 FIELDS = ("src", "src_segments", "src_positions", "tgt", "tgt_segments", "tgt_positions")
 
 
-def pack(src_lengths: np.ndarray, tgt_lengths: np.ndarray, order: np.ndarray, max_len: int,
-         *, packing: bool = True, window: int = 16) -> list[list[int]]:
+def pack(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    order: np.ndarray,
+    max_len: int,
+    *,
+    packing: bool = True,
+    window: int = 16,
+) -> list[list[int]]:
     """Group pairs into rows whose source and target each fit in ``max_len`` tokens.
 
     First-fit over a window of open rows: each pair goes into the first open row with room on
@@ -70,8 +77,13 @@ def pack(src_lengths: np.ndarray, tgt_lengths: np.ndarray, order: np.ndarray, ma
     return rows
 
 
-def make_batch(rows: Sequence[Sequence[int]], src: Sequence[np.ndarray], tgt: Sequence[np.ndarray],
-               num_rows: int, max_len: int) -> Batch:
+def make_batch(
+    rows: Sequence[Sequence[int]],
+    src: Sequence[np.ndarray],
+    tgt: Sequence[np.ndarray],
+    num_rows: int,
+    max_len: int,
+) -> Batch:
     """Lay out packed rows as int32 arrays ``[num_rows, max_len]`` (missing rows are padding).
 
     Returns a dict with ``src``, ``src_segments``, ``src_positions``, ``tgt``, ``tgt_segments``,
@@ -84,9 +96,9 @@ def make_batch(rows: Sequence[Sequence[int]], src: Sequence[np.ndarray], tgt: Se
             for seg, i in enumerate(members, start=1):
                 ids = seqs[i]
                 n = len(ids)
-                out[side][r, pos:pos + n] = ids
-                out[f"{side}_segments"][r, pos:pos + n] = seg
-                out[f"{side}_positions"][r, pos:pos + n] = np.arange(n)
+                out[side][r, pos : pos + n] = ids
+                out[f"{side}_segments"][r, pos : pos + n] = seg
+                out[f"{side}_positions"][r, pos : pos + n] = np.arange(n)
                 pos += n
     return out
 
@@ -112,10 +124,21 @@ class PackedBatches:
       ValueError: no pairs, or a pair longer than ``max_len``.
     """
 
-    def __init__(self, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], *, max_len: int,
-                 rows: int, seed: int = 0, packing: bool = True, shuffle: bool = True):
+    def __init__(
+        self,
+        src: Sequence[np.ndarray],
+        tgt: Sequence[np.ndarray],
+        *,
+        max_len: int,
+        rows: int,
+        seed: int = 0,
+        packing: bool = True,
+        shuffle: bool = True,
+    ):
         if len(src) == 0 or len(src) != len(tgt):
-            raise ValueError(f"need equally many (>0) sources and targets, got {len(src)}, {len(tgt)}")
+            raise ValueError(
+                f"need equally many (>0) sources and targets, got {len(src)}, {len(tgt)}"
+            )
         self.src, self.tgt = src, tgt
         self.src_lengths = np.array([len(x) for x in src])
         self.tgt_lengths = np.array([len(x) for x in tgt])
@@ -128,10 +151,14 @@ class PackedBatches:
         """Packed rows of one epoch (the two most recently packed epochs are memoised)."""
         if epoch not in self._epoch_rows:
             n = len(self.src)
-            order = (np.random.default_rng((self.seed, epoch)).permutation(n)
-                     if self.shuffle else np.arange(n))
-            self._epoch_rows[epoch] = pack(self.src_lengths, self.tgt_lengths, order,
-                                           self.max_len, packing=self.packing)
+            order = (
+                np.random.default_rng((self.seed, epoch)).permutation(n)
+                if self.shuffle
+                else np.arange(n)
+            )
+            self._epoch_rows[epoch] = pack(
+                self.src_lengths, self.tgt_lengths, order, self.max_len, packing=self.packing
+            )
             while len(self._epoch_rows) > 2:  # dicts keep insertion order: drop the oldest
                 del self._epoch_rows[next(iter(self._epoch_rows))]
         return self._epoch_rows[epoch]
@@ -170,16 +197,19 @@ class PackedBatches:
             outside ``[0, process_count)``.
         """
         if process_count < 1 or not 0 <= process_index < process_count:
-            raise ValueError(f"process_index={process_index} must be in [0, process_count="
-                             f"{process_count})")
+            raise ValueError(
+                f"process_index={process_index} must be in [0, process_count={process_count})"
+            )
         if self.rows % process_count:
-            raise ValueError(f"{self.rows} rows per batch cannot be split evenly over "
-                             f"{process_count} processes; choose data.max_tokens so that "
-                             "max_tokens // max_len is a multiple of the process count")
+            raise ValueError(
+                f"{self.rows} rows per batch cannot be split evenly over "
+                f"{process_count} processes; choose data.max_tokens so that "
+                "max_tokens // max_len is a multiple of the process count"
+            )
         share = self.rows // process_count
         epoch, index = self.locate(step)
         first = index * self.rows + process_index * share
-        rows = self.epoch_rows(epoch)[first:first + share]
+        rows = self.epoch_rows(epoch)[first : first + share]
         return make_batch(rows, self.src, self.tgt, share, self.max_len)
 
     def real_token_share(self, epoch: int = 0) -> float:
@@ -194,5 +224,5 @@ class PackedBatches:
     def epoch(self, epoch: int = 0) -> Iterator[Batch]:
         """All batches of one epoch, in order (used for evaluation)."""
         for index in range(self.batches_in_epoch(epoch)):
-            rows = self.epoch_rows(epoch)[index * self.rows:(index + 1) * self.rows]
+            rows = self.epoch_rows(epoch)[index * self.rows : (index + 1) * self.rows]
             yield make_batch(rows, self.src, self.tgt, self.rows, self.max_len)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -79,9 +79,11 @@ def check_vocabularies(config: Config) -> None:
         ``model.share_embeddings=all``, or an invalid tokenizer option.
     """
     if not config.tokenizer.joint and config.model.share_embeddings == "all":
-        raise ConfigError("tokenizer.joint=false gives the source and target separate "
-                          "vocabularies, which cannot share one embedding matrix: set "
-                          "model.share_embeddings=target or none (or tokenizer.joint=true)")
+        raise ConfigError(
+            "tokenizer.joint=false gives the source and target separate "
+            "vocabularies, which cannot share one embedding matrix: set "
+            "model.share_embeddings=target or none (or tokenizer.joint=true)"
+        )
     try:
         check_options(config.tokenizer)
     except ValueError as e:
@@ -98,29 +100,41 @@ def fill_vocab_sizes(config: Config, tokenizer: TokenizerPair) -> Config:
     """
     m = config.model
     if not tokenizer.joint and m.share_embeddings == "all":
-        raise ConfigError("the source and target tokenizers are separate models; set "
-                          "model.share_embeddings=target or none")
+        raise ConfigError(
+            "the source and target tokenizers are separate models; set "
+            "model.share_embeddings=target or none"
+        )
     sizes = {"vocab_size": ("target", tokenizer.vocab_size)}
     if not tokenizer.joint:
         sizes["src_vocab_size"] = ("source", tokenizer.src_vocab_size)
     elif m.src_vocab_size not in (0, tokenizer.vocab_size):
-        raise ConfigError(f"model.src_vocab_size={m.src_vocab_size} but the vocabulary is joint "
-                          f"({tokenizer.vocab_size} pieces); leave model.src_vocab_size at 0")
+        raise ConfigError(
+            f"model.src_vocab_size={m.src_vocab_size} but the vocabulary is joint "
+            f"({tokenizer.vocab_size} pieces); leave model.src_vocab_size at 0"
+        )
     changes = {}
     for key, (side, size) in sizes.items():
         current = getattr(m, key)
         if current == 0:
             changes[f"model.{key}"] = size
         elif current != size:
-            raise ConfigError(f"model.{key}={current} but the {side} tokenizer has {size} "
-                              f"pieces; leave model.{key} at 0")
+            raise ConfigError(
+                f"model.{key}={current} but the {side} tokenizer has {size} "
+                f"pieces; leave model.{key} at 0"
+            )
     return replace(config, **changes) if changes else config
 
 
 def _read(config: Config, split: str, skipped: list[str]):
     data, places = config.data, list[str]()
-    ds = load_parallel(getattr(data, split), data.src_lang, data.tgt_lang,
-                       skip_empty=data.skip_empty, split_name=split, skipped=places)
+    ds = load_parallel(
+        getattr(data, split),
+        data.src_lang,
+        data.tgt_lang,
+        skip_empty=data.skip_empty,
+        split_name=split,
+        skipped=places,
+    )
     skipped.extend(f"{split}\t{place}" for place in places)
     return ds
 
@@ -135,7 +149,9 @@ def _text(ds) -> Corpus:
     return Corpus(list(ds["source"]), list(ds["target"]))
 
 
-def _truncate(ids: list[np.ndarray], max_len: int, eos_id: int) -> tuple[list[np.ndarray], np.ndarray]:
+def _truncate(
+    ids: list[np.ndarray], max_len: int, eos_id: int
+) -> tuple[list[np.ndarray], np.ndarray]:
     """Cut sequences longer than ``max_len`` to ``max_len - 1`` tokens + EOS.
 
     Returns the sequences and a bool ``[n]`` mask of the ones cut.
@@ -154,8 +170,12 @@ class _Encoder:
 
     def __init__(self, cache_dir: Path, stats: dict[str, float]):
         self.cache_dir, self.stats = cache_dir, stats
-        for key in ("tokenize_sentences", "tokenize_seconds", "token_cache_hits",
-                    "token_cache_seconds"):
+        for key in (
+            "tokenize_sentences",
+            "tokenize_seconds",
+            "token_cache_hits",
+            "token_cache_seconds",
+        ):
             stats[key] = 0
 
     def __call__(self, tokenizer: Tokenizer, texts: Sequence[str], name: str) -> list[np.ndarray]:
@@ -168,7 +188,8 @@ class _Encoder:
             self.stats["tokenize_seconds"] += seconds
             if self.stats["tokenize_seconds"] > 0:
                 self.stats["tokenize_sentences_per_second"] = (
-                    self.stats["tokenize_sentences"] / self.stats["tokenize_seconds"])
+                    self.stats["tokenize_sentences"] / self.stats["tokenize_seconds"]
+                )
         return ids
 
 
@@ -205,11 +226,21 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
     test_ds = _read(config, "test", skipped) if need_test else None
     train, dev = _text(train_ds), _text(dev_ds)
     test = _text(test_ds) if need_test else Corpus([], [])
-    stats: dict[str, float] = {"train_pairs_read": len(train.sources), "dev_pairs": len(dev.sources),
-                               "test_pairs": len(test.sources), "read_seconds": time.perf_counter() - start}
+    stats: dict[str, float] = {
+        "train_pairs_read": len(train.sources),
+        "dev_pairs": len(dev.sources),
+        "test_pairs": len(test.sources),
+        "read_seconds": time.perf_counter() - start,
+    }
     start = time.perf_counter()
-    tokenizer = train_or_load_pair(train.sources, train.targets, config.tokenizer, workdir,
-                                   src_lang=d.src_lang, tgt_lang=d.tgt_lang)
+    tokenizer = train_or_load_pair(
+        train.sources,
+        train.targets,
+        config.tokenizer,
+        workdir,
+        src_lang=d.src_lang,
+        tgt_lang=d.tgt_lang,
+    )
     stats["tokenizer_seconds"] = time.perf_counter() - start
     encode = _Encoder(Path(workdir) / "tokens", stats)
 
@@ -218,50 +249,77 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
     src_len = np.array([len(x) for x in src])
     tgt_len = np.array([len(x) for x in tgt])
     ratio = np.maximum(src_len, tgt_len) / np.maximum(np.minimum(src_len, tgt_len), 1)
-    keep = np.flatnonzero((src_len <= d.max_len) & (tgt_len <= d.max_len) & (ratio <= d.max_length_ratio))
+    keep = np.flatnonzero(
+        (src_len <= d.max_len) & (tgt_len <= d.max_len) & (ratio <= d.max_length_ratio)
+    )
     stats["train_pairs_dropped_length"] = int(np.sum((src_len > d.max_len) | (tgt_len > d.max_len)))
-    stats["train_pairs_dropped_ratio"] = int(len(src) - len(keep) - stats["train_pairs_dropped_length"])
+    stats["train_pairs_dropped_ratio"] = int(
+        len(src) - len(keep) - stats["train_pairs_dropped_length"]
+    )
     stats["train_pairs"] = len(keep)
     if len(keep) == 0:
-        raise ValueError(f"no training pair is within max_len={d.max_len} tokens and ratio "
-                         f"{d.max_length_ratio}; raise data.max_len")
+        raise ValueError(
+            f"no training pair is within max_len={d.max_len} tokens and ratio "
+            f"{d.max_length_ratio}; raise data.max_len"
+        )
     src = [src[i] for i in keep]
     tgt = [tgt[i] for i in keep]
     rows = max(1, d.max_tokens // d.max_len)
-    train_batches = PackedBatches(src, tgt, max_len=d.max_len, rows=rows, seed=config.train.seed,
-                                  packing=d.packing)
+    train_batches = PackedBatches(
+        src, tgt, max_len=d.max_len, rows=rows, seed=config.train.seed, packing=d.packing
+    )
     stats["train_real_token_share"] = train_batches.real_token_share(0)
 
-    dev_src, cut_src = _truncate(encode(tokenizer.source, dev.sources, "dev.source"), d.max_len,
-                                 tokenizer.eos_id)
-    dev_tgt, cut_tgt = _truncate(encode(tokenizer.target, dev.targets, "dev.target"), d.max_len,
-                                 tokenizer.eos_id)
+    dev_src, cut_src = _truncate(
+        encode(tokenizer.source, dev.sources, "dev.source"), d.max_len, tokenizer.eos_id
+    )
+    dev_tgt, cut_tgt = _truncate(
+        encode(tokenizer.target, dev.targets, "dev.target"), d.max_len, tokenizer.eos_id
+    )
     stats["dev_pairs_truncated"] = int(np.sum(cut_src | cut_tgt))
-    dev_batches = PackedBatches(dev_src, dev_tgt, max_len=d.max_len, rows=rows, packing=d.packing,
-                                shuffle=False)
-    unknown = {"train.source": (src, tokenizer.source), "train.target": (tgt, tokenizer.target),
-               "dev.source": (dev_src, tokenizer.source), "dev.target": (dev_tgt, tokenizer.target)}
+    dev_batches = PackedBatches(
+        dev_src, dev_tgt, max_len=d.max_len, rows=rows, packing=d.packing, shuffle=False
+    )
+    unknown = {
+        "train.source": (src, tokenizer.source),
+        "train.target": (tgt, tokenizer.target),
+        "dev.source": (dev_src, tokenizer.source),
+        "dev.target": (dev_tgt, tokenizer.target),
+    }
     if need_test:
         test_src = encode(tokenizer.source, test.sources, "test.source")
         limit = decode_source_limit(config)
         stats["test_sources_truncated"] = int(sum(len(x) > limit for x in test_src))
         test_tgt = encode(tokenizer.target, test.targets, "test.target")
-        unknown.update({"test.source": (test_src, tokenizer.source),
-                        "test.target": (test_tgt, tokenizer.target)})
+        unknown.update(
+            {
+                "test.source": (test_src, tokenizer.source),
+                "test.target": (test_tgt, tokenizer.target),
+            }
+        )
     for name, (ids, tok) in unknown.items():
         stats[f"{name.replace('.', '_')}_unknown_rate"] = unknown_rate(ids, tok.unk_id)
-    log.info("unknown pieces (share of tokens): %s",
-             ", ".join(f"{name} {stats[name.replace('.', '_') + '_unknown_rate']:.3%}"
-                       for name in unknown))
+    log.info(
+        "unknown pieces (share of tokens): %s",
+        ", ".join(
+            f"{name} {stats[name.replace('.', '_') + '_unknown_rate']:.3%}" for name in unknown
+        ),
+    )
 
     stats["dev_sources_in_train"] = overlap_report(train_ds, dev_ds)
     if need_test:
         stats["test_sources_in_train"] = overlap_report(train_ds, test_ds)
     if stats["dev_pairs_truncated"]:
-        log.warning("dev: %d pairs longer than data.max_len=%d tokens truncated (none dropped)",
-                    stats["dev_pairs_truncated"], d.max_len)
+        log.warning(
+            "dev: %d pairs longer than data.max_len=%d tokens truncated (none dropped)",
+            stats["dev_pairs_truncated"],
+            d.max_len,
+        )
     if stats.get("test_sources_truncated"):
-        log.warning("test: %d sources longer than %d tokens will be truncated (none dropped)",
-                    stats["test_sources_truncated"], decode_source_limit(config))
+        log.warning(
+            "test: %d sources longer than %d tokens will be truncated (none dropped)",
+            stats["test_sources_truncated"],
+            decode_source_limit(config),
+        )
     log.info("data: %s", ", ".join(f"{k}={v:.6g}" for k, v in stats.items()))
     return PreparedData(tokenizer, train_batches, dev_batches, dev, test, stats, skipped)

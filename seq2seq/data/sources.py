@@ -32,14 +32,22 @@ import os
 import re
 import sys
 import zlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import datasets.config
 import pyarrow as pa
 import pyarrow.compute as pc
-from datasets import (Dataset, DatasetDict, Features, Value, concatenate_datasets, load_dataset,
-                      load_from_disk)
+from datasets import (
+    Dataset,
+    DatasetDict,
+    Features,
+    Value,
+    concatenate_datasets,
+    load_dataset,
+    load_from_disk,
+)
 
 from seq2seq.config import SourceConfig
 
@@ -57,8 +65,15 @@ class DataError(ValueError):
     """Bad corpus input; message names the file, line, key or column."""
 
 
-def load_parallel(source: SourceConfig, src_lang: str, tgt_lang: str, *, skip_empty: bool = True,
-                  split_name: str = "train", skipped: list[str] | None = None) -> Dataset:
+def load_parallel(
+    source: SourceConfig,
+    src_lang: str,
+    tgt_lang: str,
+    *,
+    skip_empty: bool = True,
+    split_name: str = "train",
+    skipped: list[str] | None = None,
+) -> Dataset:
     """Load one split of a parallel corpus, in the direction ``src_lang`` → ``tgt_lang``.
 
     Args:
@@ -107,10 +122,12 @@ def load_parallel(source: SourceConfig, src_lang: str, tgt_lang: str, *, skip_em
         ds = _pick_columns(ds, source, src_lang, tgt_lang, where)
         locate = lambda column, i: f"{where}: row {i} ({column})"  # noqa: E731
     else:
-        raise DataError(f"{split_name}: unknown source format {fmt!r} (expected one of "
-                        f"{', '.join(FORMATS)})")
-    ds = _clean(ds, locate, skip_empty=skip_empty, split_name=split_name, where=where,
-                skipped=skipped)
+        raise DataError(
+            f"{split_name}: unknown source format {fmt!r} (expected one of {', '.join(FORMATS)})"
+        )
+    ds = _clean(
+        ds, locate, skip_empty=skip_empty, split_name=split_name, where=where, skipped=skipped
+    )
     logger.info("%s: %d pairs %s→%s from %s", split_name, len(ds), src_lang, tgt_lang, where)
     return ds
 
@@ -161,8 +178,10 @@ def decode_text(data: bytes, name: str | Path) -> str:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise DataError(f"{name}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte "
-                        f"{column} of the line)") from None
+        raise DataError(
+            f"{name}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte "
+            f"{column} of the line)"
+        ) from None
     return text[1:] if text.startswith("\ufeff") else text
 
 
@@ -190,9 +209,11 @@ def _read_checked(path: Path) -> str:
         assert bare is not None  # more \r than \r\n
         at = bare.start()
         line = text.count("\n", 0, at) + 1
-        raise DataError(f"{path}:{line}: carriage return (\\r) inside a line; datasets would "
-                        "read it as a line break and misalign the pairs (use \\n or \\r\\n "
-                        "line ends)")
+        raise DataError(
+            f"{path}:{line}: carriage return (\\r) inside a line; datasets would "
+            "read it as a line break and misalign the pairs (use \\n or \\r\\n "
+            "line ends)"
+        )
     return text
 
 
@@ -240,8 +261,9 @@ def _hf_load(builder: str, path: Path, **kwargs) -> Dataset:
     """``load_dataset(builder, data_files=path)``'s one split; errors become DataError."""
     try:
         with _no_download_count():
-            return load_dataset(builder, data_files={"train": [os.path.abspath(path)]},
-                                split="train", **kwargs)
+            return load_dataset(
+                builder, data_files={"train": [os.path.abspath(path)]}, split="train", **kwargs
+            )
     except Exception as e:  # noqa: BLE001 - any loader failure is a bad input file here
         cause = e.__cause__ or e
         raise DataError(f"{path}: datasets could not read it as {builder}: {cause}") from e
@@ -251,21 +273,30 @@ def _hf_load(builder: str, path: Path, **kwargs) -> Dataset:
 # Formats
 
 
-def _load_text(source: SourceConfig, src_lang: str, tgt_lang: str,
-               split_name: str) -> tuple[Dataset, Locator]:
+def _load_text(
+    source: SourceConfig, src_lang: str, tgt_lang: str, split_name: str
+) -> tuple[Dataset, Locator]:
     for lang in (src_lang, tgt_lang):
         if not any(Path(f"{source.path}.{lang}{gz}").is_file() for gz in ("", ".gz")):
             prefix = Path(source.path)
-            found = sorted({f.name[len(prefix.name) + 1:].removesuffix(".gz")
-                            for f in prefix.parent.glob(glob.escape(prefix.name) + ".*")})
-            raise DataError(f"{split_name}: file not found: {prefix}.{lang} (nor "
-                            f"{prefix.name}.{lang}.gz) for language {lang!r}; languages "
-                            f"found for {prefix}: {', '.join(found) or 'none'}")
+            found = sorted(
+                {
+                    f.name[len(prefix.name) + 1 :].removesuffix(".gz")
+                    for f in prefix.parent.glob(glob.escape(prefix.name) + ".*")
+                }
+            )
+            raise DataError(
+                f"{split_name}: file not found: {prefix}.{lang} (nor "
+                f"{prefix.name}.{lang}.gz) for language {lang!r}; languages "
+                f"found for {prefix}: {', '.join(found) or 'none'}"
+            )
     files = [_existing(f"{source.path}.{lang}") for lang in (src_lang, tgt_lang)]
     counts = [_count_lines(_read_checked(f)) for f in files]
     if counts[0] != counts[1]:
-        raise DataError(f"{split_name}: {files[0]} has {counts[0]} lines but {files[1]} has "
-                        f"{counts[1]}; the two sides must be line-aligned")
+        raise DataError(
+            f"{split_name}: {files[0]} has {counts[0]} lines but {files[1]} has "
+            f"{counts[1]}; the two sides must be line-aligned"
+        )
     if counts[0] == 0:
         raise DataError(f"{split_name}: {files[0]} and {files[1]} are empty")
     sides = []
@@ -282,8 +313,9 @@ def _is_number(column: str | int | None) -> bool:
     return isinstance(column, int) or (isinstance(column, str) and column.isdigit())
 
 
-def _load_delimited(source: SourceConfig, src_lang: str, tgt_lang: str,
-                    fmt: str) -> tuple[Dataset, Locator]:
+def _load_delimited(
+    source: SourceConfig, src_lang: str, tgt_lang: str, fmt: str
+) -> tuple[Dataset, Locator]:
     path = _existing(source.path)
     text = _read_checked(path)
     sep = "\t" if fmt == "tsv" else ","
@@ -318,21 +350,27 @@ def _load_delimited(source: SourceConfig, src_lang: str, tgt_lang: str,
     else:
         named = not _is_number(src_col)
         if named == _is_number(tgt_col):
-            raise DataError(f"{path}: src_column {src_col!r} and tgt_column {tgt_col!r} must "
-                            "both be names or both be numbers")
+            raise DataError(
+                f"{path}: src_column {src_col!r} and tgt_column {tgt_col!r} must "
+                "both be names or both be numbers"
+            )
 
     width = len(records[0])
     kind = "tab-separated" if fmt == "tsv" else "comma-separated"
     for r, fields in enumerate(records):
         if len(fields) != width:
-            raise DataError(f"{path}:{start(r)}: expected {width} {kind} fields (as on line "
-                            f"{start(0)}), got {len(fields)}")
+            raise DataError(
+                f"{path}:{start(r)}: expected {width} {kind} fields (as on line "
+                f"{start(0)}), got {len(fields)}"
+            )
     if named:
         names = first
         for role, col in (("source", src_col), ("target", tgt_col)):
             if col not in names:
-                raise DataError(f"{path}: no column {col!r} for the {role} in the header "
-                                f"(columns: {', '.join(names)})")
+                raise DataError(
+                    f"{path}: no column {col!r} for the {role} in the header "
+                    f"(columns: {', '.join(names)})"
+                )
         if len(set(names)) != len(names):
             raise DataError(f"{path}: duplicate column names in the header: {names}")
         rows = len(records) - 1
@@ -340,8 +378,9 @@ def _load_delimited(source: SourceConfig, src_lang: str, tgt_lang: str,
         names = [str(i) for i in range(width)]
         for role, col in (("source", src_col), ("target", tgt_col)):
             if int(col) >= width:
-                raise DataError(f"{path}: no column {col} for the {role}: lines have {width} "
-                                "fields")
+                raise DataError(
+                    f"{path}: no column {col} for the {role}: lines have {width} fields"
+                )
         src_col, tgt_col = str(int(src_col)), str(int(tgt_col))
         rows = len(records)
     if src_col == tgt_col:
@@ -349,11 +388,20 @@ def _load_delimited(source: SourceConfig, src_lang: str, tgt_lang: str,
     if rows == 0:
         raise DataError(f"{path}: no rows after the header")
 
-    ds = _hf_load("csv", path, sep=sep, header=0 if named else None, column_names=names,
-                  quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
-                  keep_default_na=False, na_filter=False, skip_blank_lines=False,
-                  lineterminator="\n", encoding="utf-8-sig",
-                  features=Features({name: Value("string") for name in names}))
+    ds = _hf_load(
+        "csv",
+        path,
+        sep=sep,
+        header=0 if named else None,
+        column_names=names,
+        quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
+        keep_default_na=False,
+        na_filter=False,
+        skip_blank_lines=False,
+        lineterminator="\n",
+        encoding="utf-8-sig",
+        features=Features({name: Value("string") for name in names}),
+    )
     if len(ds) != rows:
         raise DataError(f"{path}: datasets read {len(ds)} rows where the file has {rows}")
     ds = _rename(ds.select_columns([src_col, tgt_col]), src_col, tgt_col)
@@ -376,8 +424,10 @@ def _missing_key(text: str, number: int, key: tuple[str, ...]) -> tuple[int | No
         seen = sorted({k for r in rows for k in (_parent_keys(r, key) or ())})
         return None, f"no row has key {'.'.join(key)!r} (keys seen: {', '.join(seen) or 'none'})"
     has = _parent_keys(json.loads(text.split("\n")[number - 1]), key)
-    return number, (f"missing key {'.'.join(key)!r} (the row has: "
-                    f"{', '.join(has) if has is not None else 'no ' + repr(key[0]) + ' object'})")
+    return number, (
+        f"missing key {'.'.join(key)!r} (the row has: "
+        f"{', '.join(has) if has is not None else 'no ' + repr(key[0]) + ' object'})"
+    )
 
 
 def _jsonl_problem(text: str, keys: Sequence[tuple[str, ...]]) -> tuple[int | None, str] | None:
@@ -401,8 +451,7 @@ def _jsonl_problem(text: str, keys: Sequence[tuple[str, ...]]) -> tuple[int | No
     return None
 
 
-def _load_jsonl(source: SourceConfig, src_lang: str,
-                tgt_lang: str) -> tuple[Dataset, Locator]:
+def _load_jsonl(source: SourceConfig, src_lang: str, tgt_lang: str) -> tuple[Dataset, Locator]:
     path = _existing(source.path)
     text = _read_checked(path)
     line_of = [n for n, line in enumerate(text.split("\n"), 1) if line.strip()]
@@ -420,8 +469,10 @@ def _load_jsonl(source: SourceConfig, src_lang: str,
     except DataError as e:
         raise fail([], str(e)) from e
     if len(ds) != len(line_of):
-        raise DataError(f"{path}: datasets read {len(ds)} rows where the file has "
-                        f"{len(line_of)} non-blank lines (one JSON object per line expected)")
+        raise DataError(
+            f"{path}: datasets read {len(ds)} rows where the file has "
+            f"{len(line_of)} non-blank lines (one JSON object per line expected)"
+        )
     translation = ds.features.get("translation")
     if translation is not None:
         keys: list[tuple[str, ...]] = [("translation", src_lang), ("translation", tgt_lang)]
@@ -429,16 +480,20 @@ def _load_jsonl(source: SourceConfig, src_lang: str,
             raise fail(keys, f"'translation' is {translation}, not an object of strings")
         for key in keys:
             if key[1] not in translation:
-                raise DataError(f"{path}: missing key {'.'.join(key)!r} in every row "
-                                f"(languages: {', '.join(translation)})")
+                raise DataError(
+                    f"{path}: missing key {'.'.join(key)!r} in every row "
+                    f"(languages: {', '.join(translation)})"
+                )
         ds = ds.select_columns(["translation"]).flatten()
     else:
         keys = [(src_lang,), (tgt_lang,)]
         for key in keys:
             if key[0] not in ds.features:
-                raise DataError(f"{path}: missing key {key[0]!r} in every row (keys: "
-                                f"{', '.join(ds.column_names)}; or use "
-                                "{\"translation\": {lang: ...}})")
+                raise DataError(
+                    f"{path}: missing key {key[0]!r} in every row (keys: "
+                    f"{', '.join(ds.column_names)}; or use "
+                    '{"translation": {lang: ...}})'
+                )
     columns = [".".join(key) for key in keys]
     for column in columns:
         if ds.features[column] not in _STRING_FEATURES:
@@ -471,39 +526,44 @@ def _load_disk(source: SourceConfig) -> tuple[Dataset, str]:
         raise DataError(f"{path}: not a datasets save_to_disk directory: {e}") from e
     if isinstance(loaded, DatasetDict):
         if source.split not in loaded:
-            raise DataError(f"{path}: no split {source.split!r} (splits: "
-                            f"{', '.join(loaded)})")
+            raise DataError(f"{path}: no split {source.split!r} (splits: {', '.join(loaded)})")
         return loaded[source.split], f"{path} split {source.split!r}"
     return loaded, str(path)
 
 
-def _pick_columns(ds: Dataset, source: SourceConfig, src_lang: str, tgt_lang: str,
-                  where: str) -> Dataset:
+def _pick_columns(
+    ds: Dataset, source: SourceConfig, src_lang: str, tgt_lang: str, where: str
+) -> Dataset:
     """The source and target columns of a hub/disk dataset, renamed ``source``/``target``."""
     if source.src_column is not None or source.tgt_column is not None:
         columns = [source.src_column or src_lang, source.tgt_column or tgt_lang]
         if any("." in c for c in columns):
-            ds = ds.select_columns(sorted({c.split(".")[0] for c in columns}
-                                          & set(ds.column_names))).flatten()
+            ds = ds.select_columns(
+                sorted({c.split(".")[0] for c in columns} & set(ds.column_names))
+            ).flatten()
     elif "translation" in ds.column_names:
         translation = ds.features["translation"]
-        languages = list(getattr(translation, "languages", None) or
-                         (translation if isinstance(translation, dict) else []))
+        languages = list(
+            getattr(translation, "languages", None)
+            or (translation if isinstance(translation, dict) else [])
+        )
         for lang in (src_lang, tgt_lang):
             if lang not in languages:
-                raise DataError(f"{where}: 'translation' has no language {lang!r} "
-                                f"(has: {', '.join(languages) or translation})")
+                raise DataError(
+                    f"{where}: 'translation' has no language {lang!r} "
+                    f"(has: {', '.join(languages) or translation})"
+                )
         ds = ds.select_columns(["translation"]).flatten()
         columns = [f"translation.{src_lang}", f"translation.{tgt_lang}"]
     else:
         columns = [src_lang, tgt_lang]
     for column in columns:
         if column not in ds.column_names:
-            raise DataError(f"{where}: no column {column!r} (columns: "
-                            f"{', '.join(ds.column_names)})")
+            raise DataError(
+                f"{where}: no column {column!r} (columns: {', '.join(ds.column_names)})"
+            )
         if ds.features[column] not in _STRING_FEATURES:
-            raise DataError(f"{where}: column {column!r} holds {ds.features[column]}, "
-                            "not strings")
+            raise DataError(f"{where}: column {column!r} holds {ds.features[column]}, not strings")
     if columns[0] == columns[1]:
         raise DataError(f"{where}: source and target are the same column {columns[0]!r}")
     return _rename(ds.select_columns(columns), *columns)
@@ -533,8 +593,15 @@ def _strip_and_drop_empty(batch: pa.Table) -> pa.Table:
     return pa.table({"source": source, "target": target}).filter(keep)
 
 
-def _clean(ds: Dataset, locate: Locator, *, skip_empty: bool, split_name: str, where: str,
-           skipped: list[str] | None = None) -> Dataset:
+def _clean(
+    ds: Dataset,
+    locate: Locator,
+    *,
+    skip_empty: bool,
+    split_name: str,
+    where: str,
+    skipped: list[str] | None = None,
+) -> Dataset:
     table = ds.with_format("arrow")[:]
     changed = False
     empty = None
@@ -552,18 +619,29 @@ def _clean(ds: Dataset, locate: Locator, *, skip_empty: bool, split_name: str, w
         empty = is_empty if empty is None else pc.or_(empty, is_empty)
     n_empty = int(pc.sum(empty).as_py() or 0) if len(table) else 0
     if changed or n_empty:  # cached like any map: a second load reads the result back
-        ds = ds.with_format("arrow").map(_strip_and_drop_empty, batched=True,
-                                         desc=f"Cleaning {split_name}").with_format(None)
+        ds = (
+            ds.with_format("arrow")
+            .map(_strip_and_drop_empty, batched=True, desc=f"Cleaning {split_name}")
+            .with_format(None)
+        )
     if n_empty:
         source_empty = pc.equal(pc.utf8_length(_strip(table["source"])), 0).to_pylist()
-        places = [locate("source" if source_empty[i] else "target", i)
-                  for i in pc.indices_nonzero(empty).to_pylist()]
+        places = [
+            locate("source" if source_empty[i] else "target", i)
+            for i in pc.indices_nonzero(empty).to_pylist()
+        ]
         if skipped is not None:
             skipped.extend(places)
         more = f" and {n_empty - SKIPPED_NAMED} more" if n_empty > SKIPPED_NAMED else ""
-        logger.warning("%s: skipped %d of %d pairs with an empty source or target (%s): %s%s",
-                       split_name, n_empty, len(table), where,
-                       ", ".join(places[:SKIPPED_NAMED]), more)
+        logger.warning(
+            "%s: skipped %d of %d pairs with an empty source or target (%s): %s%s",
+            split_name,
+            n_empty,
+            len(table),
+            where,
+            ", ".join(places[:SKIPPED_NAMED]),
+            more,
+        )
     if len(ds) == 0:
         raise DataError(f"{split_name}: no pairs left in {where}")
     return ds

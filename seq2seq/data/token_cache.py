@@ -16,8 +16,8 @@ import logging
 import os
 import time
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -65,9 +65,15 @@ def _read(path: Path, n: int) -> list[np.ndarray] | None:
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
         log.warning("unreadable token cache %s (%s): tokenizing again", path, e)
         return None
-    ok = (flat.dtype == np.int32 and flat.ndim == 1 and offsets.dtype == np.int64
-          and offsets.shape == (n + 1,) and offsets[0] == 0 and offsets[-1] == len(flat)
-          and bool(np.all(np.diff(offsets) >= 0)))
+    ok = (
+        flat.dtype == np.int32
+        and flat.ndim == 1
+        and offsets.dtype == np.int64
+        and offsets.shape == (n + 1,)
+        and offsets[0] == 0
+        and offsets[-1] == len(flat)
+        and bool(np.all(np.diff(offsets) >= 0))
+    )
     if not ok:
         log.warning("inconsistent token cache %s: tokenizing again", path)
         return None
@@ -86,8 +92,9 @@ def _write(path: Path, name: str, ids: Sequence[np.ndarray]) -> None:
             old.unlink(missing_ok=True)
 
 
-def encode_cached(tokenizer: Tokenizer, texts: Sequence[str], cache_dir: str | Path | None,
-                  name: str) -> tuple[list[np.ndarray], bool, float]:
+def encode_cached(
+    tokenizer: Tokenizer, texts: Sequence[str], cache_dir: str | Path | None, name: str
+) -> tuple[list[np.ndarray], bool, float]:
     """``tokenizer.encode(texts)`` (EOS appended), read from / written to the cache.
 
     Args:

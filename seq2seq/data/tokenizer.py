@@ -19,8 +19,8 @@ import json
 import logging
 import re
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -35,16 +35,26 @@ NORMALIZATIONS = ("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity")
 BYTE_PIECES = 256  # what byte_fallback adds to the vocabulary
 # The options that change what training produces; the reuse hash covers exactly these, so
 # e.g. pointing ``tgt_model_file`` at a file does not retrain the source model.
-_TRAINING_OPTIONS = ("vocab_size", "model_type", "character_coverage", "input_sentence_size",
-                     "user_defined_symbols")
+_TRAINING_OPTIONS = (
+    "vocab_size",
+    "model_type",
+    "character_coverage",
+    "input_sentence_size",
+    "user_defined_symbols",
+)
 # Later options, hashed only when not at their default (so older runs keep their models).
 _NEWER_OPTIONS = {"normalization": "nmt_nfkc", "byte_fallback": False}
 
 
 def _options(config: TokenizerConfig) -> dict:
     options = {k: getattr(config, k) for k in _TRAINING_OPTIONS}
-    options.update({k: getattr(config, k) for k, default in _NEWER_OPTIONS.items()
-                    if getattr(config, k) != default})
+    options.update(
+        {
+            k: getattr(config, k)
+            for k, default in _NEWER_OPTIONS.items()
+            if getattr(config, k) != default
+        }
+    )
     return options
 
 
@@ -80,9 +90,11 @@ class Tokenizer:
         self.bos_id = self.sp.bos_id()
         self.eos_id = self.sp.eos_id()
         if min(self.pad_id, self.bos_id, self.eos_id) < 0:
-            raise TokenizerError(f"{path}: the model must define pad, bos and eos pieces "
-                                 f"(has pad={self.pad_id}, bos={self.bos_id}, eos={self.eos_id};"
-                                 " -1 = missing); train it with --pad_id/--bos_id/--eos_id")
+            raise TokenizerError(
+                f"{path}: the model must define pad, bos and eos pieces "
+                f"(has pad={self.pad_id}, bos={self.bos_id}, eos={self.eos_id};"
+                " -1 = missing); train it with --pad_id/--bos_id/--eos_id"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -126,7 +138,8 @@ class TokenizerPair:
                 raise TokenizerError(
                     f"{source.path} and {target.path} disagree on {name} "
                     f"({getattr(source, name)} vs {getattr(target, name)}); both sides need the "
-                    "same special ids")
+                    "same special ids"
+                )
         self.source, self.target = source, target
         self.pad_id, self.bos_id, self.eos_id = target.pad_id, target.bos_id, target.eos_id
         self.unk_id = target.unk_id
@@ -167,43 +180,60 @@ def check_options(config: TokenizerConfig) -> None:
         ``byte_fallback`` set for models that are all given as files.
     """
     if config.model_type not in MODEL_TYPES:
-        raise TokenizerError(f"tokenizer.model_type={config.model_type!r}: expected one of "
-                             f"{', '.join(MODEL_TYPES)}")
+        raise TokenizerError(
+            f"tokenizer.model_type={config.model_type!r}: expected one of {', '.join(MODEL_TYPES)}"
+        )
     if config.normalization not in NORMALIZATIONS:
-        raise TokenizerError(f"tokenizer.normalization={config.normalization!r}: expected one "
-                             f"of {', '.join(NORMALIZATIONS)}")
+        raise TokenizerError(
+            f"tokenizer.normalization={config.normalization!r}: expected one "
+            f"of {', '.join(NORMALIZATIONS)}"
+        )
     if not 0.98 <= config.character_coverage <= 1.0:
-        raise TokenizerError(f"tokenizer.character_coverage={config.character_coverage}: "
-                             "SentencePiece accepts 0.98 to 1.0 (1.0 for small alphabets, "
-                             "0.9995 for large ones such as Chinese or Japanese)")
+        raise TokenizerError(
+            f"tokenizer.character_coverage={config.character_coverage}: "
+            "SentencePiece accepts 0.98 to 1.0 (1.0 for small alphabets, "
+            "0.9995 for large ones such as Chinese or Japanese)"
+        )
     if config.input_sentence_size < 0 or 0 < config.input_sentence_size <= 100:
-        raise TokenizerError(f"tokenizer.input_sentence_size={config.input_sentence_size}: "
-                             "use 0 (all sentences) or more than 100")
+        raise TokenizerError(
+            f"tokenizer.input_sentence_size={config.input_sentence_size}: "
+            "use 0 (all sentences) or more than 100"
+        )
     symbols = list(config.user_defined_symbols)
     if any(not s for s in symbols) or len(set(symbols)) != len(symbols):
-        raise TokenizerError(f"tokenizer.user_defined_symbols={symbols}: symbols must be "
-                             "non-empty and distinct")
+        raise TokenizerError(
+            f"tokenizer.user_defined_symbols={symbols}: symbols must be non-empty and distinct"
+        )
     if config.vocab_size <= 4 + len(symbols):
-        raise TokenizerError(f"tokenizer.vocab_size={config.vocab_size}: must exceed the 4 "
-                             f"special ids and {len(symbols)} user-defined symbols")
+        raise TokenizerError(
+            f"tokenizer.vocab_size={config.vocab_size}: must exceed the 4 "
+            f"special ids and {len(symbols)} user-defined symbols"
+        )
     if config.byte_fallback and config.vocab_size <= 4 + len(symbols) + BYTE_PIECES:
-        raise TokenizerError(f"tokenizer.vocab_size={config.vocab_size}: with "
-                             f"tokenizer.byte_fallback=true it must exceed the 4 special ids, "
-                             f"{len(symbols)} user-defined symbols and the {BYTE_PIECES} byte "
-                             "pieces")
+        raise TokenizerError(
+            f"tokenizer.vocab_size={config.vocab_size}: with "
+            f"tokenizer.byte_fallback=true it must exceed the 4 special ids, "
+            f"{len(symbols)} user-defined symbols and the {BYTE_PIECES} byte "
+            "pieces"
+        )
     if config.joint and (config.src_model_file or config.tgt_model_file):
-        raise TokenizerError("tokenizer.src_model_file/tgt_model_file are for separate "
-                             "vocabularies (tokenizer.joint=false); use tokenizer.model_file")
+        raise TokenizerError(
+            "tokenizer.src_model_file/tgt_model_file are for separate "
+            "vocabularies (tokenizer.joint=false); use tokenizer.model_file"
+        )
     if not config.joint and config.model_file:
-        raise TokenizerError("tokenizer.model_file is one joint model but tokenizer.joint is "
-                             "false; use tokenizer.src_model_file and tokenizer.tgt_model_file")
-    ready = config.model_file if config.joint else (config.src_model_file and
-                                                    config.tgt_model_file)
+        raise TokenizerError(
+            "tokenizer.model_file is one joint model but tokenizer.joint is "
+            "false; use tokenizer.src_model_file and tokenizer.tgt_model_file"
+        )
+    ready = config.model_file if config.joint else (config.src_model_file and config.tgt_model_file)
     for key, default in _NEWER_OPTIONS.items():
         if ready and getattr(config, key) != default:
-            raise TokenizerError(f"tokenizer.{key}={getattr(config, key)!r} applies to models "
-                                 "trained by the run, but the model files are given (they keep "
-                                 "the options they were trained with)")
+            raise TokenizerError(
+                f"tokenizer.{key}={getattr(config, key)!r} applies to models "
+                "trained by the run, but the model files are given (they keep "
+                "the options they were trained with)"
+            )
 
 
 def model_names(config: TokenizerConfig, src_lang: str, tgt_lang: str) -> tuple[str, str]:
@@ -226,23 +256,34 @@ def _fingerprint(texts: Sequence[str], config: TokenizerConfig) -> str:
 
 def _explain(message: str, config: TokenizerConfig, what: str) -> str:
     """A SentencePiece training error rewritten as what to change in the config."""
-    too_high = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)",
-                         message)
+    too_high = re.search(
+        r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message
+    )
     if too_high:
-        return (f"tokenizer.vocab_size={too_high.group(1)} is more than the {what} supports: "
-                f"at most {too_high.group(2)} pieces can be learned from it; set "
-                f"tokenizer.vocab_size={too_high.group(2)} or less (or train on more text)")
+        return (
+            f"tokenizer.vocab_size={too_high.group(1)} is more than the {what} supports: "
+            f"at most {too_high.group(2)} pieces can be learned from it; set "
+            f"tokenizer.vocab_size={too_high.group(2)} or less (or train on more text)"
+        )
     too_low = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
     if too_low:
-        return (f"tokenizer.vocab_size={too_low.group(1)} is too small for the {what}: its "
-                f"characters and the special pieces alone need {too_low.group(2)}; set "
-                f"tokenizer.vocab_size={too_low.group(2)} or more, or lower "
-                f"tokenizer.character_coverage (now {config.character_coverage})")
+        return (
+            f"tokenizer.vocab_size={too_low.group(1)} is too small for the {what}: its "
+            f"characters and the special pieces alone need {too_low.group(2)}; set "
+            f"tokenizer.vocab_size={too_low.group(2)} or more, or lower "
+            f"tokenizer.character_coverage (now {config.character_coverage})"
+        )
     return f"SentencePiece training on the {what} failed: {message}"
 
 
-def train_or_load(texts: Sequence[str], config: TokenizerConfig, workdir: str | Path, *,
-                  name: str = "spm", what: str = "training text") -> Tokenizer:
+def train_or_load(
+    texts: Sequence[str],
+    config: TokenizerConfig,
+    workdir: str | Path,
+    *,
+    name: str = "spm",
+    what: str = "training text",
+) -> Tokenizer:
     """Train a SentencePiece model on ``texts`` once, or reuse the one in ``workdir``.
 
     Args:
@@ -277,14 +318,23 @@ def train_or_load(texts: Sequence[str], config: TokenizerConfig, workdir: str | 
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts), model_writer=model,
-            vocab_size=config.vocab_size, model_type=config.model_type,
+            sentence_iterator=iter(texts),
+            model_writer=model,
+            vocab_size=config.vocab_size,
+            model_type=config.model_type,
             character_coverage=config.character_coverage,
-            input_sentence_size=config.input_sentence_size, shuffle_input_sentence=True,
+            input_sentence_size=config.input_sentence_size,
+            shuffle_input_sentence=True,
             user_defined_symbols=list(config.user_defined_symbols),
-            normalization_rule_name=config.normalization, byte_fallback=config.byte_fallback,
-            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-            num_threads=2, minloglevel=2)
+            normalization_rule_name=config.normalization,
+            byte_fallback=config.byte_fallback,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            num_threads=2,
+            minloglevel=2,
+        )
     except (RuntimeError, ValueError) as e:
         raise TokenizerError(_explain(str(e), config, what)) from e
     workdir.mkdir(parents=True, exist_ok=True)
@@ -292,13 +342,25 @@ def train_or_load(texts: Sequence[str], config: TokenizerConfig, workdir: str | 
     tmp.write_bytes(model.getvalue())
     tmp.replace(model_path)
     meta_path.write_text(json.dumps({"sha256": digest, "options": _options(config)}, indent=1))
-    log.info("trained tokenizer %s (%d pieces) on the %s in %.1f s", model_path,
-             config.vocab_size, what, time.perf_counter() - start)
+    log.info(
+        "trained tokenizer %s (%d pieces) on the %s in %.1f s",
+        model_path,
+        config.vocab_size,
+        what,
+        time.perf_counter() - start,
+    )
     return Tokenizer(model_path)
 
 
-def train_or_load_pair(sources: Sequence[str], targets: Sequence[str], config: TokenizerConfig,
-                       workdir: str | Path, *, src_lang: str, tgt_lang: str) -> TokenizerPair:
+def train_or_load_pair(
+    sources: Sequence[str],
+    targets: Sequence[str],
+    config: TokenizerConfig,
+    workdir: str | Path,
+    *,
+    src_lang: str,
+    tgt_lang: str,
+) -> TokenizerPair:
     """The run's source and target tokenizers: trained once on the training split, or given.
 
     Joint (``config.joint``): one model trained on ``sources + targets`` (or
@@ -317,21 +379,36 @@ def train_or_load_pair(sources: Sequence[str], targets: Sequence[str], config: T
     check_options(config)
     src_name, tgt_name = model_names(config, src_lang, tgt_lang)
     if config.joint:
-        tok = train_or_load(list(sources) + list(targets), config, workdir, name=src_name,
-                            what="training split (both sides, joint vocabulary)")
+        tok = train_or_load(
+            list(sources) + list(targets),
+            config,
+            workdir,
+            name=src_name,
+            what="training split (both sides, joint vocabulary)",
+        )
         return TokenizerPair(tok, tok)
     sides = []
-    for texts, given, name, role, lang in ((sources, config.src_model_file, src_name, "source",
-                                            src_lang),
-                                           (targets, config.tgt_model_file, tgt_name, "target",
-                                            tgt_lang)):
-        sides.append(Tokenizer(given) if given else train_or_load(
-            texts, config, workdir, name=name, what=f"{role} ({lang}) side of the training split"))
+    for texts, given, name, role, lang in (
+        (sources, config.src_model_file, src_name, "source", src_lang),
+        (targets, config.tgt_model_file, tgt_name, "target", tgt_lang),
+    ):
+        sides.append(
+            Tokenizer(given)
+            if given
+            else train_or_load(
+                texts,
+                config,
+                workdir,
+                name=name,
+                what=f"{role} ({lang}) side of the training split",
+            )
+        )
     return TokenizerPair(*sides)
 
 
-def load_pair(config: TokenizerConfig, workdir: str | Path, *, src_lang: str,
-              tgt_lang: str) -> TokenizerPair:
+def load_pair(
+    config: TokenizerConfig, workdir: str | Path, *, src_lang: str, tgt_lang: str
+) -> TokenizerPair:
     """Load a trained run's tokenizers without training (for translation and evaluation).
 
     Raises:
@@ -342,5 +419,7 @@ def load_pair(config: TokenizerConfig, workdir: str | Path, *, src_lang: str,
     if config.joint:
         tok = Tokenizer(config.model_file or workdir / f"{src_name}.model")
         return TokenizerPair(tok, tok)
-    return TokenizerPair(Tokenizer(config.src_model_file or workdir / f"{src_name}.model"),
-                         Tokenizer(config.tgt_model_file or workdir / f"{tgt_name}.model"))
+    return TokenizerPair(
+        Tokenizer(config.src_model_file or workdir / f"{src_name}.model"),
+        Tokenizer(config.tgt_model_file or workdir / f"{tgt_name}.model"),
+    )

@@ -16,8 +16,8 @@ from flax import nnx
 
 from seq2seq import kernels
 from seq2seq.model.axes import logical
-from seq2seq.model.precision import dot_general_f32_accumulate
 from seq2seq.model.positions import apply_rope
+from seq2seq.model.precision import dot_general_f32_accumulate
 
 
 def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
@@ -50,8 +50,9 @@ def causal_segment_mask(segments: jax.Array) -> jax.Array:
     return segment_mask(segments, segments) & causal[None, None]
 
 
-def _attention_weights(logits: jax.Array, depth: int, mask: jax.Array | None,
-                       bias: jax.Array | None) -> jax.Array:
+def _attention_weights(
+    logits: jax.Array, depth: int, mask: jax.Array | None, bias: jax.Array | None
+) -> jax.Array:
     """float32 softmax over keys of Q Kᵀ logits ``[batch, heads, q_len, k_len]``: scaled by
     1/√depth, plus ``bias``, masked keys at the float32 minimum (eq. 1)."""
     logits = logits / jnp.sqrt(jnp.float32(depth))
@@ -108,8 +109,14 @@ def dot_product_attention(
     return (out, weights) if return_weights else out
 
 
-def cached_attention(query: jax.Array, key_cache: jax.Array, value_cache: jax.Array,
-                     mask: jax.Array, *, bias: jax.Array | None = None) -> jax.Array:
+def cached_attention(
+    query: jax.Array,
+    key_cache: jax.Array,
+    value_cache: jax.Array,
+    mask: jax.Array,
+    *,
+    bias: jax.Array | None = None,
+) -> jax.Array:
     """softmax(Q Kᵀ / √d_k + B) V against a KV cache in the layout the matmuls want (eq. 1).
 
     The cache is kept head-major so that neither product needs a transposed copy of it at every
@@ -168,8 +175,16 @@ class MultiHeadAttention(nnx.Module):
       ValueError: d_model is not divisible by num_heads.
     """
 
-    def __init__(self, d_model: int, num_heads: int, *, dropout_rate: float = 0.0,
-                 rope_base: float = 10_000.0, dtype=jnp.float32, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        dropout_rate: float = 0.0,
+        rope_base: float = 10_000.0,
+        dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         self.num_heads = num_heads
@@ -180,10 +195,15 @@ class MultiHeadAttention(nnx.Module):
         init = nnx.initializers.xavier_uniform()
 
         def proj(axes):
-            return nnx.Linear(d_model, d_model, dtype=dtype, rngs=rngs,
-                              dot_general=dot_general_f32_accumulate,
-                              kernel_init=logical(init, axes),
-                              bias_init=logical(nnx.initializers.zeros, axes[1:]))
+            return nnx.Linear(
+                d_model,
+                d_model,
+                dtype=dtype,
+                rngs=rngs,
+                dot_general=dot_general_f32_accumulate,
+                kernel_init=logical(init, axes),
+                bias_init=logical(nnx.initializers.zeros, axes[1:]),
+            )
 
         self.query = proj(("embed", "heads"))
         self.key = proj(("embed", "heads"))
@@ -198,8 +218,9 @@ class MultiHeadAttention(nnx.Module):
     def _split(self, x: jax.Array) -> jax.Array:
         return x.reshape(*x.shape[:-1], self.num_heads, self.head_dim)
 
-    def project_kv(self, x: jax.Array, rope_positions: jax.Array | None = None) -> tuple[
-            jax.Array, jax.Array]:
+    def project_kv(
+        self, x: jax.Array, rope_positions: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array]:
         """Keys and values ``[batch, k_len, heads, head_dim]`` of ``x`` ``[batch, k_len, d_model]``.
 
         With int ``rope_positions`` ``[batch or 1, k_len]`` the keys are rotated (RoPE), so a
@@ -223,10 +244,19 @@ class MultiHeadAttention(nnx.Module):
             q = apply_rope(q, rope_positions, self.rope_base)
         return q
 
-    def attend(self, x_q: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None, *,
-               bias: jax.Array | None = None, rope_positions: jax.Array | None = None,
-               deterministic: bool = True, rngs: nnx.Rngs | None = None,
-               return_weights: bool = False):
+    def attend(
+        self,
+        x_q: jax.Array,
+        key: jax.Array,
+        value: jax.Array,
+        mask: jax.Array | None,
+        *,
+        bias: jax.Array | None = None,
+        rope_positions: jax.Array | None = None,
+        deterministic: bool = True,
+        rngs: nnx.Rngs | None = None,
+        return_weights: bool = False,
+    ):
         """Attend from queries ``x_q`` ``[batch, q_len, d_model]`` to projected keys/values.
 
         Args:
@@ -242,17 +272,32 @@ class MultiHeadAttention(nnx.Module):
         if not deterministic and self.dropout_rate > 0.0 and rngs is not None:
             dropout_rng = rngs.dropout()
         want_weights = return_weights or self.sow_weights
-        res = dot_product_attention(q, key, value, mask, bias=bias, dropout_rate=self.dropout_rate,
-                                    dropout_rng=dropout_rng, return_weights=want_weights)
+        res = dot_product_attention(
+            q,
+            key,
+            value,
+            mask,
+            bias=bias,
+            dropout_rate=self.dropout_rate,
+            dropout_rng=dropout_rng,
+            return_weights=want_weights,
+        )
         out, weights = res if isinstance(res, tuple) else (res, None)  # a tuple iff want_weights
         if self.sow_weights:
             self.sow(nnx.Intermediate, "attention_weights", weights)
         out = self.out(out.reshape(*out.shape[:-2], -1))
         return (out, weights) if return_weights else out
 
-    def attend_cache(self, x_q: jax.Array, key_cache: jax.Array, value_cache: jax.Array,
-                     mask: jax.Array, *, bias: jax.Array | None = None,
-                     rope_positions: jax.Array | None = None) -> jax.Array:
+    def attend_cache(
+        self,
+        x_q: jax.Array,
+        key_cache: jax.Array,
+        value_cache: jax.Array,
+        mask: jax.Array,
+        *,
+        bias: jax.Array | None = None,
+        rope_positions: jax.Array | None = None,
+    ) -> jax.Array:
         """``attend`` for incremental decoding, against a head-major KV cache (no dropout).
 
         Args:
@@ -268,13 +313,31 @@ class MultiHeadAttention(nnx.Module):
         out = cached_attention(q, key_cache, value_cache, mask, bias=bias)
         return self.out(out.reshape(*out.shape[:-2], -1))
 
-    def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array | None, *,
-                 bias: jax.Array | None = None, rope_positions: jax.Array | None = None,
-                 deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
-        """Full attention from ``x_q`` ``[batch, q_len, d_model]`` to ``x_kv`` ``[batch, k_len, d_model]``.
+    def __call__(
+        self,
+        x_q: jax.Array,
+        x_kv: jax.Array,
+        mask: jax.Array | None,
+        *,
+        bias: jax.Array | None = None,
+        rope_positions: jax.Array | None = None,
+        deterministic: bool = True,
+        rngs: nnx.Rngs | None = None,
+    ) -> jax.Array:
+        """Full attention from ``x_q`` ``[batch, q_len, d_model]`` to ``x_kv``
+        ``[batch, k_len, d_model]``.
 
-        ``bias`` and ``rope_positions`` as in ``attend`` (RoPE needs q_len == k_len: self-attention).
+        ``bias`` and ``rope_positions`` as in ``attend`` (RoPE needs q_len == k_len:
+        self-attention).
         """
         key, value = self.project_kv(x_kv, rope_positions)
-        return self.attend(x_q, key, value, mask, bias=bias, rope_positions=rope_positions,
-                           deterministic=deterministic, rngs=rngs)
+        return self.attend(
+            x_q,
+            key,
+            value,
+            mask,
+            bias=bias,
+            rope_positions=rope_positions,
+            deterministic=deterministic,
+            rngs=rngs,
+        )

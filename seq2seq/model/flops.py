@@ -66,8 +66,9 @@ def forward_macs_per_token(config: ModelConfig, src_len: int, tgt_len: int) -> d
 _SOURCE_SIDE = ("encoder_matmul", "encoder_attention", "cross_kv")
 
 
-def train_flops_breakdown(config: ModelConfig, batch: int, src_len: int,
-                          tgt_len: int) -> dict[str, float]:
+def train_flops_breakdown(
+    config: ModelConfig, batch: int, src_len: int, tgt_len: int
+) -> dict[str, float]:
     """Training FLOPs of one step on ``[batch, src_len]`` sources and ``[batch, tgt_len]`` targets.
 
     Returns:
@@ -81,10 +82,12 @@ def train_flops_breakdown(config: ModelConfig, batch: int, src_len: int,
         tokens = batch * (src_len if name in _SOURCE_SIDE else tgt_len)
         out[name] = float(TRAIN_FLOPS_PER_MAC * m * tokens)
     out["per_source_token"] = float(TRAIN_FLOPS_PER_MAC * sum(macs[k] for k in _SOURCE_SIDE))
-    out["per_target_token"] = float(TRAIN_FLOPS_PER_MAC * sum(
-        v for k, v in macs.items() if k not in _SOURCE_SIDE))
-    out["total"] = (batch * src_len * out["per_source_token"]
-                    + batch * tgt_len * out["per_target_token"])
+    out["per_target_token"] = float(
+        TRAIN_FLOPS_PER_MAC * sum(v for k, v in macs.items() if k not in _SOURCE_SIDE)
+    )
+    out["total"] = (
+        batch * src_len * out["per_source_token"] + batch * tgt_len * out["per_target_token"]
+    )
     return out
 
 
@@ -101,6 +104,8 @@ def matmul_params(config: ModelConfig) -> dict[str, int]:
     projection. Biases and LayerNorm parameters are not counted.
     """
     d, f = config.d_model, config.d_ff
-    return {"encoder": config.num_encoder_layers * (4 * d * d + 2 * d * f),
-            "decoder": config.num_decoder_layers * (8 * d * d + 2 * d * f),
-            "output": d * config.vocab_size}
+    return {
+        "encoder": config.num_encoder_layers * (4 * d * d + 2 * d * f),
+        "decoder": config.num_decoder_layers * (8 * d * d + 2 * d * f),
+        "output": d * config.vocab_size,
+    }

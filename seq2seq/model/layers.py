@@ -8,7 +8,7 @@ Norm placement (``norm``):
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,9 +34,14 @@ def layer_norm(d_model: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
 
     Output is float32; callers cast back to the compute dtype.
     """
-    return nnx.LayerNorm(d_model, epsilon=1e-6, dtype=jnp.float32, rngs=rngs,
-                         scale_init=logical(nnx.initializers.ones, ("embed",)),
-                         bias_init=logical(nnx.initializers.zeros, ("embed",)))
+    return nnx.LayerNorm(
+        d_model,
+        epsilon=1e-6,
+        dtype=jnp.float32,
+        rngs=rngs,
+        scale_init=logical(nnx.initializers.ones, ("embed",)),
+        bias_init=logical(nnx.initializers.zeros, ("embed",)),
+    )
 
 
 class FeedForward(nnx.Module):
@@ -54,29 +59,50 @@ class FeedForward(nnx.Module):
       ValueError: unknown activation name.
     """
 
-    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu",
-                 activation_dropout_rate: float = 0.0, dtype=jnp.float32, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        *,
+        activation: str = "relu",
+        activation_dropout_rate: float = 0.0,
+        dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
         if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}")
+            raise ValueError(
+                f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}"
+            )
         self.activation = ACTIVATIONS[activation]
         init = nnx.initializers.xavier_uniform()
 
         def inner():
-            return nnx.Linear(d_model, d_ff, dtype=dtype, rngs=rngs,
-                              dot_general=dot_general_f32_accumulate,
-                              kernel_init=logical(init, ("embed", "mlp")),
-                              bias_init=logical(nnx.initializers.zeros, ("mlp",)))
+            return nnx.Linear(
+                d_model,
+                d_ff,
+                dtype=dtype,
+                rngs=rngs,
+                dot_general=dot_general_f32_accumulate,
+                kernel_init=logical(init, ("embed", "mlp")),
+                bias_init=logical(nnx.initializers.zeros, ("mlp",)),
+            )
 
         self.wi = inner()
         self.wi_gate = inner() if activation in GATED else None
-        self.wo = nnx.Linear(d_ff, d_model, dtype=dtype, rngs=rngs,
-                             dot_general=dot_general_f32_accumulate,
-                             kernel_init=logical(init, ("mlp", "embed")),
-                             bias_init=logical(nnx.initializers.zeros, ("embed",)))
+        self.wo = nnx.Linear(
+            d_ff,
+            d_model,
+            dtype=dtype,
+            rngs=rngs,
+            dot_general=dot_general_f32_accumulate,
+            kernel_init=logical(init, ("mlp", "embed")),
+            bias_init=logical(nnx.initializers.zeros, ("embed",)),
+        )
         self.dropout = nnx.Dropout(activation_dropout_rate)
 
-    def __call__(self, x: jax.Array, *, deterministic: bool = True,
-                 rngs: nnx.Rngs | None = None) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None
+    ) -> jax.Array:
         if self.wi_gate is None:
             h = self.activation(self.wi(x))
         else:
@@ -95,8 +121,14 @@ class _Residual(nnx.Module):
         self.norm = layer_norm(d_model, rngs)
         self.dropout = nnx.Dropout(dropout_rate)
 
-    def __call__(self, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array], *,
-                 deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
+    def __call__(
+        self,
+        x: jax.Array,
+        sublayer: Callable[[jax.Array], jax.Array],
+        *,
+        deterministic: bool,
+        rngs: nnx.Rngs | None,
+    ) -> jax.Array:
         if self.pre:
             y = sublayer(self.norm(x).astype(x.dtype))
             return x + self.dropout(y, deterministic=deterministic, rngs=rngs)
@@ -105,14 +137,25 @@ class _Residual(nnx.Module):
 
 
 def _attention(config: ModelConfig, dtype, rngs: nnx.Rngs) -> MultiHeadAttention:
-    return MultiHeadAttention(config.d_model, config.num_heads, dtype=dtype, rngs=rngs,
-                              dropout_rate=config.attention_dropout_rate,
-                              rope_base=config.rope_base)
+    return MultiHeadAttention(
+        config.d_model,
+        config.num_heads,
+        dtype=dtype,
+        rngs=rngs,
+        dropout_rate=config.attention_dropout_rate,
+        rope_base=config.rope_base,
+    )
 
 
 def _ffn(config: ModelConfig, dtype, rngs: nnx.Rngs) -> FeedForward:
-    return FeedForward(config.d_model, config.d_ff, activation=config.activation,
-                       activation_dropout_rate=config.activation_dropout_rate, dtype=dtype, rngs=rngs)
+    return FeedForward(
+        config.d_model,
+        config.d_ff,
+        activation=config.activation,
+        activation_dropout_rate=config.activation_dropout_rate,
+        dtype=dtype,
+        rngs=rngs,
+    )
 
 
 class EncoderLayer(nnx.Module):
@@ -134,13 +177,36 @@ class EncoderLayer(nnx.Module):
         self.attention_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
         self.ffn_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
 
-    def __call__(self, x, mask, *, bias=None, rope_positions=None, deterministic: bool = True,
-                 rngs: nnx.Rngs | None = None):
-        x = self.attention_block(x, lambda h: self.self_attention(
-            h, h, mask, bias=bias, rope_positions=rope_positions, deterministic=deterministic,
-            rngs=rngs), deterministic=deterministic, rngs=rngs)
-        return self.ffn_block(x, lambda h: self.ffn(h, deterministic=deterministic, rngs=rngs),
-                              deterministic=deterministic, rngs=rngs)
+    def __call__(
+        self,
+        x,
+        mask,
+        *,
+        bias=None,
+        rope_positions=None,
+        deterministic: bool = True,
+        rngs: nnx.Rngs | None = None,
+    ):
+        x = self.attention_block(
+            x,
+            lambda h: self.self_attention(
+                h,
+                h,
+                mask,
+                bias=bias,
+                rope_positions=rope_positions,
+                deterministic=deterministic,
+                rngs=rngs,
+            ),
+            deterministic=deterministic,
+            rngs=rngs,
+        )
+        return self.ffn_block(
+            x,
+            lambda h: self.ffn(h, deterministic=deterministic, rngs=rngs),
+            deterministic=deterministic,
+            rngs=rngs,
+        )
 
 
 class DecoderLayer(nnx.Module):
@@ -163,20 +229,61 @@ class DecoderLayer(nnx.Module):
         self.cross_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
         self.ffn_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
 
-    def __call__(self, x, self_mask, cross_kv, cross_mask, *, bias=None, rope_positions=None,
-                 deterministic: bool = True, rngs: nnx.Rngs | None = None):
+    def __call__(
+        self,
+        x,
+        self_mask,
+        cross_kv,
+        cross_mask,
+        *,
+        bias=None,
+        rope_positions=None,
+        deterministic: bool = True,
+        rngs: nnx.Rngs | None = None,
+    ):
         cross_key, cross_value = cross_kv
-        x = self.self_block(x, lambda h: self.self_attention(
-            h, h, self_mask, bias=bias, rope_positions=rope_positions, deterministic=deterministic,
-            rngs=rngs), deterministic=deterministic, rngs=rngs)
-        x = self.cross_block(x, lambda h: self.cross_attention.attend(
-            h, cross_key, cross_value, cross_mask, deterministic=deterministic, rngs=rngs),
-            deterministic=deterministic, rngs=rngs)
-        return self.ffn_block(x, lambda h: self.ffn(h, deterministic=deterministic, rngs=rngs),
-                              deterministic=deterministic, rngs=rngs)
+        x = self.self_block(
+            x,
+            lambda h: self.self_attention(
+                h,
+                h,
+                self_mask,
+                bias=bias,
+                rope_positions=rope_positions,
+                deterministic=deterministic,
+                rngs=rngs,
+            ),
+            deterministic=deterministic,
+            rngs=rngs,
+        )
+        x = self.cross_block(
+            x,
+            lambda h: self.cross_attention.attend(
+                h, cross_key, cross_value, cross_mask, deterministic=deterministic, rngs=rngs
+            ),
+            deterministic=deterministic,
+            rngs=rngs,
+        )
+        return self.ffn_block(
+            x,
+            lambda h: self.ffn(h, deterministic=deterministic, rngs=rngs),
+            deterministic=deterministic,
+            rngs=rngs,
+        )
 
-    def decode_step(self, x, key_cache, value_cache, write, self_mask, cross_kv, cross_mask, *,
-                    bias=None, rope_positions=None):
+    def decode_step(
+        self,
+        x,
+        key_cache,
+        value_cache,
+        write,
+        self_mask,
+        cross_kv,
+        cross_mask,
+        *,
+        bias=None,
+        rope_positions=None,
+    ):
         """One decoding position with a KV cache (inference only, no dropout).
 
         The ``q`` queries of a row write their self-attention keys/values into slots
@@ -207,11 +314,14 @@ class DecoderLayer(nnx.Module):
         def self_attend(h):
             k, v = attn.project_kv(h, rope_positions)  # [batch, q, heads, head_dim]
             new["key"] = jax.lax.dynamic_update_slice_in_dim(
-                key_cache, k.transpose(0, 2, 3, 1), write, axis=3)
+                key_cache, k.transpose(0, 2, 3, 1), write, axis=3
+            )
             new["value"] = jax.lax.dynamic_update_slice_in_dim(
-                value_cache, v.transpose(0, 2, 1, 3), write, axis=2)
-            return attn.attend_cache(h, new["key"], new["value"], self_mask,
-                                     bias=bias, rope_positions=rope_positions)
+                value_cache, v.transpose(0, 2, 1, 3), write, axis=2
+            )
+            return attn.attend_cache(
+                h, new["key"], new["value"], self_mask, bias=bias, rope_positions=rope_positions
+            )
 
         def cross_attend(h):
             return self.cross_attention.attend_cache(h, *cross_kv, cross_mask)

@@ -27,7 +27,9 @@ from flax import nnx
 from seq2seq.model.axes import logical
 
 
-def sinusoidal_embedding(positions: jax.Array, d_model: int, max_timescale: float = 10_000.0) -> jax.Array:
+def sinusoidal_embedding(
+    positions: jax.Array, d_model: int, max_timescale: float = 10_000.0
+) -> jax.Array:
     """Sinusoidal position encodings, computed on the fly for any position.
 
     PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))
@@ -84,8 +86,13 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> ja
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool,
-                             num_buckets: int = 32, max_distance: int = 128) -> jax.Array:
+def relative_position_bucket(
+    relative_position: jax.Array,
+    *,
+    bidirectional: bool,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> jax.Array:
     """T5's bucket of a relative position ``key_pos − query_pos`` (Raffel et al. 2020, §2.1).
 
     Half of the buckets (of each direction, when bidirectional) hold the exact distances
@@ -113,7 +120,8 @@ def relative_position_bucket(relative_position: jax.Array, *, bidirectional: boo
         n = jnp.maximum(n, 0)
     max_exact = num_buckets // 2
     log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact) / math.log(
-        max_distance / max_exact)
+        max_distance / max_exact
+    )
     large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(jnp.int32)
     large = jnp.minimum(large, num_buckets - 1)
     return (bucket + jnp.where(n < max_exact, n, large)).astype(jnp.int32)
@@ -129,6 +137,7 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     Returns:
       float32 ``[num_heads]`` (a NumPy constant).
     """
+
     def power_of_two(n):
         return [2.0 ** (-8.0 * (k + 1) / n) for k in range(n)]
 
@@ -169,11 +178,20 @@ class RelativePositionBias(nnx.Module):
     ``[b, heads, q_len, k_len]``.
     """
 
-    def __init__(self, num_heads: int, num_buckets: int, max_distance: int, *, bidirectional: bool,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        num_heads: int,
+        num_buckets: int,
+        max_distance: int,
+        *,
+        bidirectional: bool,
+        rngs: nnx.Rngs,
+    ):
         if bidirectional and num_buckets % 2:
-            raise ValueError(f"bidirectional relative positions need an even number of buckets, "
-                             f"got {num_buckets}")
+            raise ValueError(
+                f"bidirectional relative positions need an even number of buckets, "
+                f"got {num_buckets}"
+            )
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bidirectional = bidirectional
         init = logical(nnx.initializers.normal(stddev=0.1), ("heads", "relpos_buckets"))
@@ -181,8 +199,11 @@ class RelativePositionBias(nnx.Module):
 
     def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
         buckets = relative_position_bucket(
-            k_positions[:, None, :] - q_positions[:, :, None], bidirectional=self.bidirectional,
-            num_buckets=self.num_buckets, max_distance=self.max_distance)
+            k_positions[:, None, :] - q_positions[:, :, None],
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
         return jnp.moveaxis(self.table[...][:, buckets], 0, 1)  # [h, b, q, k] -> [b, h, q, k]
 
 
@@ -201,8 +222,18 @@ class Positions(nnx.Module):
       ValueError: unknown kind.
     """
 
-    def __init__(self, kind: str, d_model: int, num_heads: int, *, causal: bool, max_len: int = 512,
-                 relpos_buckets: int = 32, relpos_max_distance: int = 128, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        kind: str,
+        d_model: int,
+        num_heads: int,
+        *,
+        causal: bool,
+        max_len: int = 512,
+        relpos_buckets: int = 32,
+        relpos_max_distance: int = 128,
+        rngs: nnx.Rngs,
+    ):
         if kind not in ("sinusoidal", "learned", "relative", "rope", "alibi", "none"):
             raise ValueError(f"unknown position scheme {kind!r}")
         self.kind, self.d_model, self.num_heads = kind, d_model, num_heads
@@ -212,19 +243,24 @@ class Positions(nnx.Module):
             init = logical(nnx.initializers.normal(stddev=0.02), ("positions", "embed"))
             self.table = nnx.Param(init(rngs.params(), (max_len, d_model), jnp.float32))
         if kind == "relative":
-            self.relative = RelativePositionBias(num_heads, relpos_buckets, relpos_max_distance,
-                                                 bidirectional=not causal, rngs=rngs)
+            self.relative = RelativePositionBias(
+                num_heads, relpos_buckets, relpos_max_distance, bidirectional=not causal, rngs=rngs
+            )
 
     def check_length(self, length: int) -> None:
-        """Raise ValueError if ``length`` positions exceed the ``learned`` table (others: no limit)."""
+        """Raise ValueError if ``length`` positions exceed the ``learned`` table (others: no
+        limit)."""
         if self.kind == "learned" and length > self.max_len:
-            raise ValueError(f"input length {length} exceeds the learned position table of "
-                             f"{self.max_len} positions (model.max_len); use a shorter input, a "
-                             f"larger model.max_len, or a scheme without a table "
-                             f"(sinusoidal, rope, alibi, relative)")
+            raise ValueError(
+                f"input length {length} exceeds the learned position table of "
+                f"{self.max_len} positions (model.max_len); use a shorter input, a "
+                f"larger model.max_len, or a scheme without a table "
+                f"(sinusoidal, rope, alibi, relative)"
+            )
 
     def add(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-        """Embeddings ``x`` ``[b, l, d_model]`` plus the absolute signal at int ``positions`` ``[b, l]``.
+        """Embeddings ``x`` ``[b, l, d_model]`` plus the absolute signal at int ``positions``
+        ``[b, l]``.
 
         Identity for the schemes that act inside attention. ``learned`` indexes its table, so
         positions must be < ``max_len`` (``check_length`` guards the static lengths).

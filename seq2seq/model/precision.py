@@ -27,8 +27,9 @@ from seq2seq import kernels
 
 
 def _dot(a, b, contract_a: int, contract_b: int):
-    return lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())),
-                           preferred_element_type=jnp.float32)
+    return lax.dot_general(
+        a, b, (((contract_a,), (contract_b,)), ((), ())), preferred_element_type=jnp.float32
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -53,8 +54,7 @@ def _matmul_bwd(w_transposed, out_dtype, residuals, g):
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
-def matmul(x: jax.Array, w: jax.Array, *, w_transposed: bool = False,
-           out_dtype=None) -> jax.Array:
+def matmul(x: jax.Array, w: jax.Array, *, w_transposed: bool = False, out_dtype=None) -> jax.Array:
     """``x · W`` (or ``x · Wᵀ``) accumulated in float32, forward and backward.
 
     Args:
@@ -72,9 +72,15 @@ def matmul(x: jax.Array, w: jax.Array, *, w_transposed: bool = False,
     return _dot(x, w, x.ndim - 1, 1 if w_transposed else 0).astype(out_dtype)  # autodiff
 
 
-def dot_general_f32_accumulate(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
-                               preferred_element_type=None, out_sharding=None,
-                               **kwargs) -> jax.Array:
+def dot_general_f32_accumulate(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    dimension_numbers,
+    precision=None,
+    preferred_element_type=None,
+    out_sharding=None,
+    **kwargs,
+) -> jax.Array:
     """A ``dot_general`` for ``nnx.Linear``: ``matmul`` for its ``x[..., in] · W[in, out]``.
 
     Args:
@@ -90,12 +96,23 @@ def dot_general_f32_accumulate(lhs: jax.Array, rhs: jax.Array, dimension_numbers
     """
     del preferred_element_type
     linear = ((lhs.ndim - 1,), (0,))
-    if (out_sharding is None and not kwargs and precision is None and rhs.ndim == 2
-            and tuple(map(tuple, dimension_numbers[0])) == linear
-            and not any(dimension_numbers[1])):
+    if (
+        out_sharding is None
+        and not kwargs
+        and precision is None
+        and rhs.ndim == 2
+        and tuple(map(tuple, dimension_numbers[0])) == linear
+        and not any(dimension_numbers[1])
+    ):
         return matmul(lhs, rhs)
     if out_sharding is not None:
         kwargs["out_sharding"] = out_sharding
-    out = lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                          preferred_element_type=jnp.float32, **kwargs)
+    out = lax.dot_general(
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision=precision,
+        preferred_element_type=jnp.float32,
+        **kwargs,
+    )
     return out.astype(lhs.dtype)

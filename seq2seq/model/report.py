@@ -20,8 +20,16 @@ from flax import nnx
 
 from seq2seq.config import ModelConfig
 
-COMPONENTS = ("embeddings", "encoder attention", "encoder FFN", "decoder self-attention",
-              "cross-attention", "decoder FFN", "norms", "positions")
+COMPONENTS = (
+    "embeddings",
+    "encoder attention",
+    "encoder FFN",
+    "decoder self-attention",
+    "cross-attention",
+    "decoder FFN",
+    "norms",
+    "positions",
+)
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,8 @@ def abstract_model(config: ModelConfig) -> nnx.Module:
 
 
 def component_of(path: tuple) -> str:
-    """The report component of a parameter path such as ``('encoder_layers', 0, 'ffn', 'wi', 'kernel')``.
+    """The report component of a parameter path such as
+    ``('encoder_layers', 0, 'ffn', 'wi', 'kernel')``.
 
     Raises:
       ValueError: a path no component claims (the report would otherwise be silently wrong).
@@ -63,11 +72,13 @@ def component_of(path: tuple) -> str:
     if head in ("encoder_positions", "decoder_positions"):
         return "positions"
     part = names[2] if len(names) > 2 else ""
-    table = {("encoder_layers", "self_attention"): "encoder attention",
-             ("encoder_layers", "ffn"): "encoder FFN",
-             ("decoder_layers", "self_attention"): "decoder self-attention",
-             ("decoder_layers", "cross_attention"): "cross-attention",
-             ("decoder_layers", "ffn"): "decoder FFN"}
+    table = {
+        ("encoder_layers", "self_attention"): "encoder attention",
+        ("encoder_layers", "ffn"): "encoder FFN",
+        ("decoder_layers", "self_attention"): "decoder self-attention",
+        ("decoder_layers", "cross_attention"): "cross-attention",
+        ("decoder_layers", "ffn"): "decoder FFN",
+    }
     if (head, part) in table:
         return table[(head, part)]
     raise ValueError(f"parameter {'/'.join(names)} belongs to no report component")
@@ -92,17 +103,21 @@ def parameter_counts(model: nnx.Module) -> dict[str, Count]:
 
 def format_report(config: ModelConfig, counts: dict[str, Count]) -> str:
     """A table of ``counts`` (from ``parameter_counts``) with per-layer weights, for the console."""
-    per_layer = {"encoder attention": config.num_encoder_layers,
-                 "encoder FFN": config.num_encoder_layers,
-                 "decoder self-attention": config.num_decoder_layers,
-                 "cross-attention": config.num_decoder_layers,
-                 "decoder FFN": config.num_decoder_layers}
-    lines = [f"d_model {config.d_model}, d_ff {config.d_ff}, heads {config.num_heads}, layers "
-             f"{config.num_encoder_layers}+{config.num_decoder_layers}, vocab {config.vocab_size}, "
-             f"norm {config.norm}, positions {config.positions}, activation {config.activation}, "
-             f"share_embeddings {config.share_embeddings}",
-             f"{'component':<24}{'layers':>7}{'weights/layer':>15}{'weights':>14}{'biases':>11}"
-             f"{'total':>14}"]
+    per_layer = {
+        "encoder attention": config.num_encoder_layers,
+        "encoder FFN": config.num_encoder_layers,
+        "decoder self-attention": config.num_decoder_layers,
+        "cross-attention": config.num_decoder_layers,
+        "decoder FFN": config.num_decoder_layers,
+    }
+    lines = [
+        f"d_model {config.d_model}, d_ff {config.d_ff}, heads {config.num_heads}, layers "
+        f"{config.num_encoder_layers}+{config.num_decoder_layers}, vocab {config.vocab_size}, "
+        f"norm {config.norm}, positions {config.positions}, activation {config.activation}, "
+        f"share_embeddings {config.share_embeddings}",
+        f"{'component':<24}{'layers':>7}{'weights/layer':>15}{'weights':>14}{'biases':>11}"
+        f"{'total':>14}",
+    ]
     for name in COMPONENTS:
         c = counts[name]
         n = per_layer.get(name)
@@ -110,8 +125,11 @@ def format_report(config: ModelConfig, counts: dict[str, Count]) -> str:
         lines.append(f"{name:<24}{layer_cols}{c.weights:>14,}{c.biases:>11,}{c.total:>14,}")
     w = sum(c.weights for c in counts.values())
     b = sum(c.biases for c in counts.values())
-    lines.append(f"{'total':<24}{'':>7}{'':>15}{w:>14,}{b:>11,}{w + b:>14,}"
-                 f"  ({(w + b) / 1e6:.1f}M)")
-    lines.append("weights: matrices, tables and LayerNorm scales; biases: projection biases and "
-                 "LayerNorm offsets; tied matrices counted once")
+    lines.append(
+        f"{'total':<24}{'':>7}{'':>15}{w:>14,}{b:>11,}{w + b:>14,}  ({(w + b) / 1e6:.1f}M)"
+    )
+    lines.append(
+        "weights: matrices, tables and LayerNorm scales; biases: projection biases and "
+        "LayerNorm offsets; tied matrices counted once"
+    )
     return "\n".join(lines)

@@ -101,33 +101,53 @@ class Transformer(nnx.Module):
         self.dtype = dtype
         d, vocab = config.d_model, config.vocab_size
         # N(0, d^-1/2) so that embeddings × √d have unit scale (tensor2tensor practice).
-        embed_init = logical(nnx.initializers.normal(stddev=d ** -0.5), ("vocab", "embed"))
+        embed_init = logical(nnx.initializers.normal(stddev=d**-0.5), ("vocab", "embed"))
         src_vocab = config.src_vocab_size or vocab
         if config.share_embeddings == "all" and src_vocab != vocab:
-            raise ValueError(f"model.src_vocab_size={src_vocab} differs from model.vocab_size="
-                             f"{vocab}: set model.share_embeddings to 'target' or 'none'")
+            raise ValueError(
+                f"model.src_vocab_size={src_vocab} differs from model.vocab_size="
+                f"{vocab}: set model.share_embeddings to 'target' or 'none'"
+            )
         self.embed = nnx.Embed(src_vocab, d, dtype=dtype, embedding_init=embed_init, rngs=rngs)
         if config.share_embeddings != "all":
-            self.target_embed = nnx.Embed(vocab, d, dtype=dtype, embedding_init=embed_init,
-                                          rngs=rngs)
+            self.target_embed = nnx.Embed(
+                vocab, d, dtype=dtype, embedding_init=embed_init, rngs=rngs
+            )
         if config.share_embeddings == "none":
-            self.output = nnx.Linear(d, vocab, use_bias=False, dtype=dtype, rngs=rngs,
-                                     kernel_init=logical(nnx.initializers.xavier_uniform(),
-                                                         ("embed", "vocab")))
-        self.encoder_positions = Positions(config.positions, d, config.num_heads, causal=False,
-                                           max_len=config.max_len,
-                                           relpos_buckets=config.relpos_buckets,
-                                           relpos_max_distance=config.relpos_max_distance,
-                                           rngs=rngs)
-        self.decoder_positions = Positions(config.positions, d, config.num_heads, causal=True,
-                                           max_len=config.max_len,
-                                           relpos_buckets=config.relpos_buckets,
-                                           relpos_max_distance=config.relpos_max_distance,
-                                           rngs=rngs)
-        self.encoder_layers = nnx.List([EncoderLayer(config, dtype=dtype, rngs=rngs)
-                                        for _ in range(config.num_encoder_layers)])
-        self.decoder_layers = nnx.List([DecoderLayer(config, dtype=dtype, rngs=rngs)
-                                        for _ in range(config.num_decoder_layers)])
+            self.output = nnx.Linear(
+                d,
+                vocab,
+                use_bias=False,
+                dtype=dtype,
+                rngs=rngs,
+                kernel_init=logical(nnx.initializers.xavier_uniform(), ("embed", "vocab")),
+            )
+        self.encoder_positions = Positions(
+            config.positions,
+            d,
+            config.num_heads,
+            causal=False,
+            max_len=config.max_len,
+            relpos_buckets=config.relpos_buckets,
+            relpos_max_distance=config.relpos_max_distance,
+            rngs=rngs,
+        )
+        self.decoder_positions = Positions(
+            config.positions,
+            d,
+            config.num_heads,
+            causal=True,
+            max_len=config.max_len,
+            relpos_buckets=config.relpos_buckets,
+            relpos_max_distance=config.relpos_max_distance,
+            rngs=rngs,
+        )
+        self.encoder_layers = nnx.List(
+            [EncoderLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_encoder_layers)]
+        )
+        self.decoder_layers = nnx.List(
+            [DecoderLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_decoder_layers)]
+        )
         if config.norm == "pre":
             self.encoder_norm = layer_norm(d, rngs)
             self.decoder_norm = layer_norm(d, rngs)
@@ -137,8 +157,16 @@ class Transformer(nnx.Module):
     def _target_embedding(self) -> nnx.Embed:
         return self.embed if self.config.share_embeddings == "all" else self.target_embed
 
-    def _embed(self, table: nnx.Embed, positions: Positions, tokens, token_positions, *,
-               deterministic, rngs):
+    def _embed(
+        self,
+        table: nnx.Embed,
+        positions: Positions,
+        tokens,
+        token_positions,
+        *,
+        deterministic,
+        rngs,
+    ):
         x = table(tokens) * jnp.sqrt(self.config.d_model).astype(self.dtype)
         x = positions.add(x, token_positions)
         return self.dropout(x, deterministic=deterministic, rngs=rngs)
@@ -161,8 +189,15 @@ class Transformer(nnx.Module):
         return matmul(x, table, w_transposed=True, out_dtype=jnp.float32)
 
     # -- encoder ----------------------------------------------------------------------------
-    def encode(self, src: jax.Array, src_segments: jax.Array, src_positions: jax.Array, *,
-               deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
+    def encode(
+        self,
+        src: jax.Array,
+        src_segments: jax.Array,
+        src_positions: jax.Array,
+        *,
+        deterministic: bool = True,
+        rngs: nnx.Rngs | None = None,
+    ) -> jax.Array:
         """Encoder stack.
 
         Args:
@@ -181,16 +216,25 @@ class Transformer(nnx.Module):
         bias = pos.bias(src_positions, src_positions)
         rope = pos.rope(src_positions)
         for layer in self.encoder_layers:
-            x = layer(x, mask, bias=bias, rope_positions=rope, deterministic=deterministic,
-                      rngs=rngs)
+            x = layer(
+                x, mask, bias=bias, rope_positions=rope, deterministic=deterministic, rngs=rngs
+            )
         if self.config.norm == "pre":
             x = self.encoder_norm(x).astype(self.dtype)
         return x
 
     # -- decoder (teacher forcing) ----------------------------------------------------------
-    def decode(self, tgt_in: jax.Array, tgt_segments: jax.Array, tgt_positions: jax.Array,
-               encoded: jax.Array, src_segments: jax.Array, *, deterministic: bool = True,
-               rngs: nnx.Rngs | None = None) -> jax.Array:
+    def decode(
+        self,
+        tgt_in: jax.Array,
+        tgt_segments: jax.Array,
+        tgt_positions: jax.Array,
+        encoded: jax.Array,
+        src_segments: jax.Array,
+        *,
+        deterministic: bool = True,
+        rngs: nnx.Rngs | None = None,
+    ) -> jax.Array:
         """Decoder stack over a whole (shifted) target sequence.
 
         Args:
@@ -207,20 +251,40 @@ class Transformer(nnx.Module):
         """
         pos = self.decoder_positions
         pos.check_length(tgt_in.shape[1])
-        x = self._embed(self._target_embedding(), pos, tgt_in, tgt_positions,
-                        deterministic=deterministic, rngs=rngs)
+        x = self._embed(
+            self._target_embedding(),
+            pos,
+            tgt_in,
+            tgt_positions,
+            deterministic=deterministic,
+            rngs=rngs,
+        )
         self_mask = causal_segment_mask(tgt_segments)
         cross_mask = segment_mask(tgt_segments, src_segments)
         bias = pos.bias(tgt_positions, tgt_positions)
         rope = pos.rope(tgt_positions)
         for layer in self.decoder_layers:
             cross_kv = layer.cross_attention.project_kv(encoded)
-            x = layer(x, self_mask, cross_kv, cross_mask, bias=bias, rope_positions=rope,
-                      deterministic=deterministic, rngs=rngs)
+            x = layer(
+                x,
+                self_mask,
+                cross_kv,
+                cross_mask,
+                bias=bias,
+                rope_positions=rope,
+                deterministic=deterministic,
+                rngs=rngs,
+            )
         return self.logits(x)
 
-    def __call__(self, batch: dict[str, jax.Array], *, bos_id: int, deterministic: bool = True,
-                 rngs: nnx.Rngs | None = None) -> jax.Array:
+    def __call__(
+        self,
+        batch: dict[str, jax.Array],
+        *,
+        bos_id: int,
+        deterministic: bool = True,
+        rngs: nnx.Rngs | None = None,
+    ) -> jax.Array:
         """Teacher-forced logits for a batch.
 
         Args:
@@ -236,13 +300,27 @@ class Transformer(nnx.Module):
         Raises:
           ValueError: ``learned`` positions and a side longer than ``model.max_len``.
         """
-        encoded = self.encode(batch["src"], batch["src_segments"], batch["src_positions"],
-                              deterministic=deterministic, rngs=rngs)
+        encoded = self.encode(
+            batch["src"],
+            batch["src_segments"],
+            batch["src_positions"],
+            deterministic=deterministic,
+            rngs=rngs,
+        )
         tgt_in = shift_right(batch["tgt"], batch["tgt_segments"], bos_id)
-        return self.decode(tgt_in, batch["tgt_segments"], batch["tgt_positions"], encoded,
-                           batch["src_segments"], deterministic=deterministic, rngs=rngs)
+        return self.decode(
+            tgt_in,
+            batch["tgt_segments"],
+            batch["tgt_positions"],
+            encoded,
+            batch["src_segments"],
+            deterministic=deterministic,
+            rngs=rngs,
+        )
 
-    def attention_weights(self, batch: dict[str, jax.Array], *, bos_id: int) -> dict[str, jax.Array]:
+    def attention_weights(
+        self, batch: dict[str, jax.Array], *, bos_id: int
+    ) -> dict[str, jax.Array]:
         """Attention weights of a teacher-forced batch, for inspection (no dropout).
 
         Runs ``__call__`` on a view of the model whose attention modules take the explicit
@@ -263,17 +341,24 @@ class Transformer(nnx.Module):
         logits, sown = nnx.capture(view, nnx.Intermediate)(batch, bos_id=bos_id)
 
         def stack(layers, name):
-            return jnp.stack([sown[layers][i][name]["attention_weights"][0]
-                              for i in range(len(getattr(self, layers)))])
+            return jnp.stack(
+                [
+                    sown[layers][i][name]["attention_weights"][0]
+                    for i in range(len(getattr(self, layers)))
+                ]
+            )
 
-        return {"encoder": stack("encoder_layers", "self_attention"),
-                "decoder": stack("decoder_layers", "self_attention"),
-                "cross": stack("decoder_layers", "cross_attention"),
-                "logits": logits}
+        return {
+            "encoder": stack("encoder_layers", "self_attention"),
+            "decoder": stack("decoder_layers", "self_attention"),
+            "cross": stack("decoder_layers", "cross_attention"),
+            "logits": logits,
+        }
 
     # -- incremental decoding ---------------------------------------------------------------
-    def init_cache(self, encoded: jax.Array, src_segments: jax.Array, *, max_len: int,
-                   slots: int) -> DecoderCache:
+    def init_cache(
+        self, encoded: jax.Array, src_segments: jax.Array, *, max_len: int, slots: int
+    ) -> DecoderCache:
         """An empty self-attention cache of ``slots`` slots per row, and the cross-attention
         keys/values of ``encoded`` (computed once here, not at every step).
 
@@ -296,16 +381,27 @@ class Transformer(nnx.Module):
         n = len(self.decoder_layers)
         cross = [layer.cross_attention.project_kv_cache(encoded) for layer in self.decoder_layers]
         return DecoderCache(
-            self_key=tuple(jnp.zeros((batch, heads, head_dim, slots), self.dtype)
-                           for _ in range(n)),
-            self_value=tuple(jnp.zeros((batch, heads, slots, head_dim), self.dtype)
-                             for _ in range(n)),
+            self_key=tuple(
+                jnp.zeros((batch, heads, head_dim, slots), self.dtype) for _ in range(n)
+            ),
+            self_value=tuple(
+                jnp.zeros((batch, heads, slots, head_dim), self.dtype) for _ in range(n)
+            ),
             slot_positions=jnp.zeros((slots,), jnp.int32),
-            cross_key=tuple(k for k, _ in cross), cross_value=tuple(v for _, v in cross),
-            cross_mask=(src_segments > 0)[:, None, None, :])
+            cross_key=tuple(k for k, _ in cross),
+            cross_value=tuple(v for _, v in cross),
+            cross_mask=(src_segments > 0)[:, None, None, :],
+        )
 
-    def decode_step(self, tokens: jax.Array, position: jax.Array, cache: DecoderCache, *,
-                    write: jax.Array, mask: jax.Array) -> tuple[jax.Array, DecoderCache]:
+    def decode_step(
+        self,
+        tokens: jax.Array,
+        position: jax.Array,
+        cache: DecoderCache,
+        *,
+        write: jax.Array,
+        mask: jax.Array,
+    ) -> tuple[jax.Array, DecoderCache]:
         """Logits for the next token after ``tokens``, all at decoder position ``position``.
 
         The ``q`` queries of a row write their keys and values into slots ``write .. write+q-1``
@@ -326,24 +422,39 @@ class Transformer(nnx.Module):
         pos = self.decoder_positions
         q = tokens.shape[1]
         slot_positions = jax.lax.dynamic_update_slice_in_dim(
-            cache.slot_positions, jnp.full((q,), position, jnp.int32), write, axis=0)
+            cache.slot_positions, jnp.full((q,), position, jnp.int32), write, axis=0
+        )
         query_pos = jnp.reshape(position, (1, 1)).astype(jnp.int32)
-        x = self._embed(self._target_embedding(), pos, tokens, query_pos,
-                        deterministic=True, rngs=None)
+        x = self._embed(
+            self._target_embedding(), pos, tokens, query_pos, deterministic=True, rngs=None
+        )
         bias = pos.bias(query_pos, slot_positions[None])  # [1, heads, 1, slots] or None
         rope = pos.rope(query_pos)
         keys, values = [], []
-        layers = zip(self.decoder_layers, cache.self_key, cache.self_value, cache.cross_key,
-                     cache.cross_value)
+        layers = zip(
+            self.decoder_layers,
+            cache.self_key,
+            cache.self_value,
+            cache.cross_key,
+            cache.cross_value,
+        )
         for layer, key, value, cross_key, cross_value in layers:
-            x, key, value = layer.decode_step(x, key, value, write, mask[:, None],
-                                              (cross_key, cross_value), cache.cross_mask,
-                                              bias=bias, rope_positions=rope)
+            x, key, value = layer.decode_step(
+                x,
+                key,
+                value,
+                write,
+                mask[:, None],
+                (cross_key, cross_value),
+                cache.cross_mask,
+                bias=bias,
+                rope_positions=rope,
+            )
             keys.append(key)
             values.append(value)
-        return self.logits(x), dataclasses.replace(cache, self_key=tuple(keys),
-                                                   self_value=tuple(values),
-                                                   slot_positions=slot_positions)
+        return self.logits(x), dataclasses.replace(
+            cache, self_key=tuple(keys), self_value=tuple(values), slot_positions=slot_positions
+        )
 
 
 def build_model(config: ModelConfig, seed: int = 0) -> Transformer:

@@ -3,7 +3,8 @@
 Layout: ``workdir/checkpoints/<step>/{state,meta[,metrics]}``. Orbax writes each step into a
 temporary directory (``<step>.orbax-checkpoint-tmp-*``) and renames it when complete, so a crash
 mid-save leaves the previous checkpoint intact and the half-written one is ignored (the training
-process removes it when it starts again, ``cleanup_tmp``). No pickle is used: arrays go to tensorstore/zarr, bookkeeping to JSON.
+process removes it when it starts again, ``cleanup_tmp``). No pickle is used: arrays go to
+tensorstore/zarr, bookkeeping to JSON.
 
 Retention: the last ``keep`` checkpoints, plus (with ``best_mode``) the one whose ``metric``
 is best, through orbax preservation policies. Arrays are restored onto the current devices
@@ -61,7 +62,8 @@ HANG_MARKER = "hang_marker"
 
 
 class _HangHandler(ocp.JsonCheckpointHandler):
-    """Writes its JSON item (file ``HANG_MARKER``), then sleeps inside the save (see ``HANG_SAVE_ENV``)."""
+    """Writes its JSON item (file ``HANG_MARKER``), then sleeps inside the save
+    (see ``HANG_SAVE_ENV``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(HANG_MARKER)
@@ -109,20 +111,37 @@ class Checkpointer:
         checkpoints may do this: a reader would delete a save in progress).
     """
 
-    def __init__(self, directory: str | Path, *, keep: int | None = 3, best_mode: str | None = None,
-                 async_save: bool = True, cleanup_tmp: bool = False):
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        keep: int | None = 3,
+        best_mode: str | None = None,
+        async_save: bool = True,
+        cleanup_tmp: bool = False,
+    ):
         if best_mode not in (None, "max", "min"):
             raise ValueError(f"best_mode must be None, 'max' or 'min', got {best_mode!r}")
         self.directory = Path(directory).absolute()
         self.best_mode = best_mode
         policies: list[Any] = [ocm.LatestN(keep or None)]
         if best_mode is not None:
-            policies.append(ocm.BestN(get_metric_fn=self._metric, reverse=best_mode == "min", n=1,
-                                      keep_checkpoints_without_metrics=False))
+            policies.append(
+                ocm.BestN(
+                    get_metric_fn=self._metric,
+                    reverse=best_mode == "min",
+                    n=1,
+                    keep_checkpoints_without_metrics=False,
+                )
+            )
         options = ocp.CheckpointManagerOptions(
-            create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=cleanup_tmp,
+            create=True,
+            enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=cleanup_tmp,
             preservation_policy=ocm.AnyPreservationPolicy(policies),
-            best_fn=self._metric if best_mode else None, best_mode=best_mode or "max")
+            best_fn=self._metric if best_mode else None,
+            best_mode=best_mode or "max",
+        )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     def _metric(self, metrics: dict[str, Any]) -> float:
@@ -145,8 +164,9 @@ class Checkpointer:
         """Steps of all complete checkpoints, ascending."""
         return sorted(self.manager.all_steps())
 
-    def save(self, step: int, state: Any, metadata: dict[str, Any], *,
-             metric: float | None = None) -> None:
+    def save(
+        self, step: int, state: Any, metadata: dict[str, Any], *, metric: float | None = None
+    ) -> None:
         """Start saving ``state`` (a pytree of arrays) and JSON ``metadata`` as ``step``.
 
         Args:
@@ -182,11 +202,15 @@ class Checkpointer:
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
         if step not in self.manager.all_steps():
-            raise CheckpointError(f"no checkpoint of step {step} in {self.directory}; "
-                                  f"available: {self.all_steps()}")
+            raise CheckpointError(
+                f"no checkpoint of step {step} in {self.directory}; available: {self.all_steps()}"
+            )
         self._check_compatible(abstract_state, step)
-        restored = self._read(step, state=ocp.args.StandardRestore(_placed(abstract_state)),
-                              meta=ocp.args.JsonRestore())
+        restored = self._read(
+            step,
+            state=ocp.args.StandardRestore(_placed(abstract_state)),
+            meta=ocp.args.JsonRestore(),
+        )
         return restored["state"], dict(restored["meta"])
 
     def metadata(self, step: int) -> dict[str, Any]:
@@ -201,8 +225,10 @@ class Checkpointer:
         try:
             return self.manager.restore(step, args=ocp.args.Composite(**items))
         except (KeyError, ValueError, OSError) as e:  # a folder without its items or files
-            raise CheckpointError(f"checkpoint {self.directory / str(step)} cannot be read, it "
-                                  f"is incomplete or damaged ({type(e).__name__}: {e})") from e
+            raise CheckpointError(
+                f"checkpoint {self.directory / str(step)} cannot be read, it "
+                f"is incomplete or damaged ({type(e).__name__}: {e})"
+            ) from e
 
     def _check_compatible(self, abstract_state: Any, step: int) -> None:
         try:
@@ -211,14 +237,20 @@ class Checkpointer:
             return
         if meta is None:
             return
-        want = {_path(k): v.shape for k, v in jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
-        have: dict[str, Any] = {_path(k): getattr(v, "shape", None) for k, v in
-                jax.tree_util.tree_flatten_with_path(meta)[0]}
+        want = {
+            _path(k): v.shape for k, v in jax.tree_util.tree_flatten_with_path(abstract_state)[0]
+        }
+        have: dict[str, Any] = {
+            _path(k): getattr(v, "shape", None)
+            for k, v in jax.tree_util.tree_flatten_with_path(meta)[0]
+        }
         # optimizer moments mirror the parameters: report parameters only, shapes first
         keys = [k for k in {**want, **have} if not k.startswith("opt_state.")]
-        problems = [f"shape {k}: checkpoint {tuple(have[k])} vs model {tuple(want[k])}" for k in keys
-                    if k in have and k in want and have[k] is not None
-                    and tuple(have[k]) != tuple(want[k])]
+        problems = [
+            f"shape {k}: checkpoint {tuple(have[k])} vs model {tuple(want[k])}"
+            for k in keys
+            if k in have and k in want and have[k] is not None and tuple(have[k]) != tuple(want[k])
+        ]
         problems += [f"missing in checkpoint: {k}" for k in keys if k not in have]
         problems += [f"not in model: {k}" for k in keys if k not in want]
         problems = [p.replace(".value", "") for p in problems]
@@ -226,7 +258,9 @@ class Checkpointer:
             shown = "\n  ".join(problems[:20])
             more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
             raise CheckpointError(
-                f"checkpoint {self.directory / str(step)} does not match the model:\n  {shown}{more}")
+                f"checkpoint {self.directory / str(step)} does not match the model:\n"
+                f"  {shown}{more}"
+            )
 
     def wait(self) -> None:
         """Block until any background save has finished."""

@@ -58,8 +58,12 @@ class BestTracker:
         elif self.value is None:
             better = True
         elif self.mode == "max":
-            tie_won = (value == self.value and loss is not None and self.loss is not None
-                       and loss < self.loss)
+            tie_won = (
+                value == self.value
+                and loss is not None
+                and self.loss is not None
+                and loss < self.loss
+            )
             better = value > self.value or tie_won
         else:
             better = value < self.value
@@ -79,11 +83,15 @@ class BestTracker:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any] | None, metric: str) -> "BestTracker":
+    def from_json(cls, data: dict[str, Any] | None, metric: str) -> BestTracker:
         """The tracker saved in a checkpoint, or a fresh one if none was saved or it tracked a
         different metric (e.g. ``train.best_metric`` changed between runs)."""
         if not data or data.get("metric") != metric:
             return cls(metric)
-        return cls(metric=metric, value=data.get("value"), step=data.get("step"),
-                   loss=data.get("loss"),
-                   evals_without_improvement=int(data.get("evals_without_improvement", 0)))
+        return cls(
+            metric=metric,
+            value=data.get("value"),
+            step=data.get("step"),
+            loss=data.get("loss"),
+            evals_without_improvement=int(data.get("evals_without_improvement", 0)),
+        )

@@ -14,9 +14,10 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -30,9 +31,14 @@ from seq2seq.sharding import Partitioner, agree_to_stop, is_main_process
 from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.early_stopping import MODES, BestTracker
 from seq2seq.training.metrics import MetricsWriter
-from seq2seq.training.step import (abstract_train_state, create_train_state,
-                                   learning_rate_schedule, make_eval_step, make_optimizer,
-                                   sharded_train_step)
+from seq2seq.training.step import (
+    abstract_train_state,
+    create_train_state,
+    learning_rate_schedule,
+    make_eval_step,
+    make_optimizer,
+    sharded_train_step,
+)
 from seq2seq.workdir import checkpoint_dir
 
 log = logging.getLogger(__name__)
@@ -52,7 +58,9 @@ class Interrupted(Exception):
     """
 
     def __init__(self, step: int, signum: int = signal.SIGINT):
-        super().__init__(f"interrupted at step {step}; checkpoint saved, rerun the same command to resume")
+        super().__init__(
+            f"interrupted at step {step}; checkpoint saved, rerun the same command to resume"
+        )
         self.step = step
         self.signum = int(signum)
 
@@ -83,8 +91,9 @@ class _StopFlag:
         if self.signum is not None:  # second signal: stop now
             raise KeyboardInterrupt
         self.signum = signum
-        log.warning("received %s: finishing this step and saving a checkpoint",
-                    signal.Signals(signum).name)
+        log.warning(
+            "received %s: finishing this step and saving a checkpoint", signal.Signals(signum).name
+        )
 
     def __exit__(self, *exc):
         for s, h in self._old.items():
@@ -103,15 +112,27 @@ def check_train_config(config: Config) -> None:
     for key in positive:
         if getattr(t, key) < 1:
             raise ConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
-    for key in ("max_skipped_steps", "bleu_subset", "bleu_beam_size", "patience", "keep_checkpoints"):
+    for key in (
+        "max_skipped_steps",
+        "bleu_subset",
+        "bleu_beam_size",
+        "patience",
+        "keep_checkpoints",
+    ):
         if getattr(t, key) < 0:
             raise ConfigError(f"train.{key} must be >= 0, got {getattr(t, key)}")
     if t.best_metric not in MODES:
-        raise ConfigError(f"train.best_metric must be one of {sorted(MODES)}, got {t.best_metric!r}")
+        raise ConfigError(
+            f"train.best_metric must be one of {sorted(MODES)}, got {t.best_metric!r}"
+        )
     if t.best_metric == "bleu" and not t.dev_bleu:
-        raise ConfigError("train.best_metric=bleu needs train.dev_bleu=true (or use best_metric=loss)")
+        raise ConfigError(
+            "train.best_metric=bleu needs train.dev_bleu=true (or use best_metric=loss)"
+        )
     if t.test_checkpoint not in ("best", "last"):
-        raise ConfigError(f"train.test_checkpoint must be 'best' or 'last', got {t.test_checkpoint!r}")
+        raise ConfigError(
+            f"train.test_checkpoint must be 'best' or 'last', got {t.test_checkpoint!r}"
+        )
 
 
 def train_batch(batches: PackedBatches, first: int, accum: int) -> dict[str, np.ndarray]:
@@ -132,14 +153,22 @@ def remap_position(batches: PackedBatches, position: int, old: Any) -> int:
     resumed at the first batch after the same share of its pairs (pairs longer than the old
     ``max_len`` are left out of the old view: the old run dropped them).
     """
-    keep = [i for i in range(len(batches.src))
-            if batches.src_lengths[i] <= old.max_len and batches.tgt_lengths[i] <= old.max_len]
-    before = PackedBatches([batches.src[i] for i in keep], [batches.tgt[i] for i in keep],
-                           max_len=old.max_len, rows=old.max_tokens // old.max_len,
-                           seed=batches.seed, packing=old.packing)
+    keep = [
+        i
+        for i in range(len(batches.src))
+        if batches.src_lengths[i] <= old.max_len and batches.tgt_lengths[i] <= old.max_len
+    ]
+    before = PackedBatches(
+        [batches.src[i] for i in keep],
+        [batches.tgt[i] for i in keep],
+        max_len=old.max_len,
+        rows=old.max_tokens // old.max_len,
+        seed=batches.seed,
+        packing=old.packing,
+    )
     epoch, index = before.locate(position)
     rows = before.epoch_rows(epoch)
-    share = sum(len(r) for r in rows[:index * before.rows]) / max(len(keep), 1)
+    share = sum(len(r) for r in rows[: index * before.rows]) / max(len(keep), 1)
     seen = share * len(batches.src)  # pairs of this epoch already trained on, in the new view
     pairs = np.cumsum([len(r) for r in batches.epoch_rows(epoch)])  # pairs in the first k+1 rows
     rows_seen = int(np.searchsorted(pairs, seen - 1e-6)) + 1 if seen > 0 else 0
@@ -147,9 +176,14 @@ def remap_position(batches: PackedBatches, position: int, old: Any) -> int:
     return start + min(-(-rows_seen // batches.rows), batches.batches_in_epoch(epoch))
 
 
-def dev_evaluator(graphdef: Any, param_shardings: Any, data: PreparedData, config: Config,
-                  partitioner: Partitioner,
-                  dev_bleu: DevBleu | None = None) -> Callable[[Any], dict[str, float]]:
+def dev_evaluator(
+    graphdef: Any,
+    param_shardings: Any,
+    data: PreparedData,
+    config: Config,
+    partitioner: Partitioner,
+    dev_bleu: DevBleu | None = None,
+) -> Callable[[Any], dict[str, float]]:
     """``evaluate(params) → dev metrics``, its loss step compiled once for the run.
 
     The metrics: per-token teacher-forced ``loss`` (smoothed), ``nll``, ``accuracy``, ``ppl``
@@ -160,13 +194,19 @@ def dev_evaluator(graphdef: Any, param_shardings: Any, data: PreparedData, confi
       ValueError: ``train.dev_bleu`` is on but no ``dev_bleu`` callable was given.
     """
     if config.train.dev_bleu and dev_bleu is None:
-        raise ValueError("train.dev_bleu=true needs a dev BLEU callable (seq2seq.run passes "
-                         "one); or set train.dev_bleu=false")
-    step = partitioner.jit(make_eval_step(graphdef, bos_id=data.tokenizer.bos_id,
-                                          label_smoothing=config.train.label_smoothing,
-                                          param_layout=partitioner.compute_layout(
-                                              param_shardings)),
-                           param_shardings)
+        raise ValueError(
+            "train.dev_bleu=true needs a dev BLEU callable (seq2seq.run passes "
+            "one); or set train.dev_bleu=false"
+        )
+    step = partitioner.jit(
+        make_eval_step(
+            graphdef,
+            bos_id=data.tokenizer.bos_id,
+            label_smoothing=config.train.label_smoothing,
+            param_layout=partitioner.compute_layout(param_shardings),
+        ),
+        param_shardings,
+    )
 
     def evaluate(params: Any) -> dict[str, float]:
         totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
@@ -175,8 +215,12 @@ def dev_evaluator(graphdef: Any, param_shardings: Any, data: PreparedData, confi
             for k, v in jax.device_get(m).items():
                 totals[k] += float(v)
         n = max(totals["tokens"], 1.0)
-        dev = {"loss": totals["loss"] / n, "nll": totals["nll"] / n,
-               "accuracy": totals["correct"] / n, "ppl": float(np.exp(totals["nll"] / n))}
+        dev = {
+            "loss": totals["loss"] / n,
+            "nll": totals["nll"] / n,
+            "accuracy": totals["correct"] / n,
+            "ppl": float(np.exp(totals["nll"] / n)),
+        }
         if config.train.dev_bleu:
             assert dev_bleu is not None  # checked above
             dev.update(dev_bleu(params, graphdef, partitioner))
@@ -213,27 +257,39 @@ class Progress:
     last_saved: int | None = None
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any] | None, step: int, config: Config) -> "Progress":
+    def from_meta(cls, meta: dict[str, Any] | None, step: int, config: Config) -> Progress:
         """The progress saved in a checkpoint's metadata (None for a fresh run at step 0)."""
         t = config.train
         resumed, meta = meta is not None, meta or {}
-        return cls(step=step, micro_batches=int(meta.get("micro_batches", step * t.grad_accum_steps)),
-                   best=BestTracker.from_json(meta.get("best"), t.best_metric),
-                   tokens_seen=int(meta.get("tokens_seen", 0)),
-                   target_tokens_seen=int(meta.get("target_tokens_seen", 0)),
-                   skipped_total=int(meta.get("skipped_total", 0)),
-                   train_seconds=float(meta.get("train_seconds", 0.0)),
-                   eval_seconds=float(meta.get("eval_seconds", 0.0)), dev=dict(meta.get("dev", {})),
-                   last_saved=step if resumed else None)
+        return cls(
+            step=step,
+            micro_batches=int(meta.get("micro_batches", step * t.grad_accum_steps)),
+            best=BestTracker.from_json(meta.get("best"), t.best_metric),
+            tokens_seen=int(meta.get("tokens_seen", 0)),
+            target_tokens_seen=int(meta.get("target_tokens_seen", 0)),
+            skipped_total=int(meta.get("skipped_total", 0)),
+            train_seconds=float(meta.get("train_seconds", 0.0)),
+            eval_seconds=float(meta.get("eval_seconds", 0.0)),
+            dev=dict(meta.get("dev", {})),
+            last_saved=step if resumed else None,
+        )
 
     def to_meta(self, batches: PackedBatches) -> dict[str, Any]:
         """JSON metadata for a checkpoint at ``step`` (with the data epoch, for people)."""
         epoch, index = batches.locate(self.micro_batches)
-        return {"step": self.step, "micro_batches": self.micro_batches, "data_epoch": epoch,
-                "data_batch_in_epoch": index, "tokens_seen": self.tokens_seen,
-                "target_tokens_seen": self.target_tokens_seen, "skipped_total": self.skipped_total,
-                "train_seconds": self.train_seconds, "eval_seconds": self.eval_seconds,
-                "dev": self.dev, "best": self.best.to_json()}
+        return {
+            "step": self.step,
+            "micro_batches": self.micro_batches,
+            "data_epoch": epoch,
+            "data_batch_in_epoch": index,
+            "tokens_seen": self.tokens_seen,
+            "target_tokens_seen": self.target_tokens_seen,
+            "skipped_total": self.skipped_total,
+            "train_seconds": self.train_seconds,
+            "eval_seconds": self.eval_seconds,
+            "dev": self.dev,
+            "best": self.best.to_json(),
+        }
 
 
 @dataclass
@@ -274,15 +330,24 @@ def _load_or_init(config: Config, checkpointer: Checkpointer, partitioner: Parti
     if checkpointer.latest_step() is None:
         t = config.train
         state = partitioner.init_state(
-            lambda: create_train_state(build_model(config.model, t.seed), make_optimizer(t), t.seed)[1],
-            abstract)
+            lambda: create_train_state(
+                build_model(config.model, t.seed), make_optimizer(t), t.seed
+            )[1],
+            abstract,
+        )
         return graphdef, state, None
     state, meta = checkpointer.restore(partitioner.abstract(abstract))
     return graphdef, state, meta
 
 
-def fit(config: Config, data: PreparedData, *, dev_bleu: DevBleu | None = None,
-        actions: Sequence[Action] = (), remap_data_from: Any = None) -> FitResult:
+def fit(
+    config: Config,
+    data: PreparedData,
+    *,
+    dev_bleu: DevBleu | None = None,
+    actions: Sequence[Action] = (),
+    remap_data_from: Any = None,
+) -> FitResult:
     """Run (or resume) the optimisation of ``config`` on ``data`` up to ``train.steps``.
 
     Every ``eval_every`` steps the dev split is scored (loss, accuracy, BLEU on a subset); a new
@@ -306,9 +371,16 @@ def fit(config: Config, data: PreparedData, *, dev_bleu: DevBleu | None = None,
     tcfg = config.train
     workdir = Path(config.workdir)
     with contextlib.ExitStack() as cleanup:
-        checkpointer = cleanup.enter_context(contextlib.closing(Checkpointer(
-            checkpoint_dir(workdir), keep=tcfg.keep_checkpoints,
-            best_mode=MODES[tcfg.best_metric] if tcfg.keep_best else None, cleanup_tmp=True)))
+        checkpointer = cleanup.enter_context(
+            contextlib.closing(
+                Checkpointer(
+                    checkpoint_dir(workdir),
+                    keep=tcfg.keep_checkpoints,
+                    best_mode=MODES[tcfg.best_metric] if tcfg.keep_best else None,
+                    cleanup_tmp=True,
+                )
+            )
+        )
         partitioner = Partitioner.from_config(config)
         log.info("%s", partitioner)
         graphdef, state, meta = _load_or_init(config, checkpointer, partitioner)
@@ -317,27 +389,71 @@ def fit(config: Config, data: PreparedData, *, dev_bleu: DevBleu | None = None,
             old = progress.micro_batches
             progress.micro_batches = remap_position(data.train, old, remap_data_from)
             epoch, index = data.train.locate(progress.micro_batches)
-            log.warning("the batching changed: data position remapped by examples from "
-                        "micro-batch %d to %d (epoch %d, batch %d of %d)", old,
-                        progress.micro_batches, epoch, index, data.train.batches_in_epoch(epoch))
-        writer = cleanup.enter_context(contextlib.closing(
-            MetricsWriter(workdir, resume_step=progress.last_saved, enabled=is_main_process())))
+            log.warning(
+                "the batching changed: data position remapped by examples from "
+                "micro-batch %d to %d (epoch %d, batch %d of %d)",
+                old,
+                progress.micro_batches,
+                epoch,
+                index,
+                data.train.batches_in_epoch(epoch),
+            )
+        writer = cleanup.enter_context(
+            contextlib.closing(
+                MetricsWriter(workdir, resume_step=progress.last_saved, enabled=is_main_process())
+            )
+        )
         if meta is not None:
-            log.info("resumed from step %d (%s)%s", progress.step, checkpoint_dir(workdir),
-                     f"; dropped {writer.dropped} metric records written after it"
-                     if writer.dropped else "")
+            log.info(
+                "resumed from step %d (%s)%s",
+                progress.step,
+                checkpoint_dir(workdir),
+                f"; dropped {writer.dropped} metric records written after it"
+                if writer.dropped
+                else "",
+            )
         if progress.step > tcfg.steps:
-            log.warning("the run is at step %d, past train.steps=%d: nothing to train (raise "
-                        "train.steps to go on)", progress.step, tcfg.steps)
+            log.warning(
+                "the run is at step %d, past train.steps=%d: nothing to train (raise "
+                "train.steps to go on)",
+                progress.step,
+                tcfg.steps,
+            )
         n_params = sum(x.size for x in jax.tree.leaves(state.params))
-        log.info("model: %.2fM parameters; %d micro-batch(es) of %d rows x %d tokens per step",
-                 n_params / 1e6, tcfg.grad_accum_steps, data.train.rows, data.train.max_len)
-        state, stopped = _train_loop(config, data, graphdef, state, progress, checkpointer, writer,
-                                     dev_bleu, partitioner, actions)
-        test_params, test_step = _test_params(config, checkpointer, state, progress.best,
-                                              partitioner)
-        return FitResult(graphdef, state, progress, stopped, int(n_params), checkpointer.all_steps(),
-                         checkpointer.best_step(), test_params, test_step, partitioner)
+        log.info(
+            "model: %.2fM parameters; %d micro-batch(es) of %d rows x %d tokens per step",
+            n_params / 1e6,
+            tcfg.grad_accum_steps,
+            data.train.rows,
+            data.train.max_len,
+        )
+        state, stopped = _train_loop(
+            config,
+            data,
+            graphdef,
+            state,
+            progress,
+            checkpointer,
+            writer,
+            dev_bleu,
+            partitioner,
+            actions,
+        )
+        test_params, test_step = _test_params(
+            config, checkpointer, state, progress.best, partitioner
+        )
+        return FitResult(
+            graphdef,
+            state,
+            progress,
+            stopped,
+            int(n_params),
+            checkpointer.all_steps(),
+            checkpointer.best_step(),
+            test_params,
+            test_step,
+            partitioner,
+        )
 
 
 @dataclass
@@ -400,12 +516,22 @@ class Action:
 def log_train(loop: Loop) -> None:
     """A ``train`` metrics record over the steps since the last one, and the progress bar."""
     p, c = loop.progress, loop.config.train
-    row = _train_row(loop.pending, p.step, learning_rate_schedule(c), loop.window_real,
-                     time.perf_counter() - loop.window_start, loop.data.train, c.grad_accum_steps)
+    row = _train_row(
+        loop.pending,
+        p.step,
+        learning_rate_schedule(c),
+        loop.window_real,
+        time.perf_counter() - loop.window_start,
+        loop.data.train,
+        c.grad_accum_steps,
+    )
     loop.writer.write(p.step, "train", row)
-    loop.bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['learning_rate']:.2e}",
-                         tok_s=f"{row['tokens_per_second']:.0f}",
-                         real=f"{row['real_token_share']:.0%}")
+    loop.bar.set_postfix(
+        loss=f"{row['loss']:.3f}",
+        lr=f"{row['learning_rate']:.2e}",
+        tok_s=f"{row['tokens_per_second']:.0f}",
+        real=f"{row['real_token_share']:.0%}",
+    )
     loop.pending, loop.window_start, loop.window_real = [], time.perf_counter(), 0
 
 
@@ -437,9 +563,15 @@ def early_stopping(loop: Loop) -> None:
     p, c = loop.progress, loop.config.train
     if p.best.should_stop(c.patience):
         loop.stopped = "early_stopping"
-        log.info("early stopping at step %d: dev %s has not improved for %d evaluations "
-                 "(best %.4g at step %s)", p.step, c.best_metric,
-                 p.best.evals_without_improvement, p.best.value, p.best.step)
+        log.info(
+            "early stopping at step %d: dev %s has not improved for %d evaluations "
+            "(best %.4g at step %s)",
+            p.step,
+            c.best_metric,
+            p.best.evals_without_improvement,
+            p.best.value,
+            p.best.step,
+        )
 
 
 def stop_requested(loop: Loop) -> None:
@@ -447,44 +579,81 @@ def stop_requested(loop: Loop) -> None:
     stop after the same step and save together."""
     p, c = loop.progress, loop.config.train
     own = loop.stop_flag.signum
-    signum, out_of_time = agree_to_stop(own, bool(c.max_seconds) and p.train_seconds >= c.max_seconds)
+    signum, out_of_time = agree_to_stop(
+        own, bool(c.max_seconds) and p.train_seconds >= c.max_seconds
+    )
     if signum is not None:
         if own is None:
-            log.warning("another process received %s: stopping at step %d and saving a "
-                        "checkpoint", signal.Signals(signum).name, p.step)
+            log.warning(
+                "another process received %s: stopping at step %d and saving a checkpoint",
+                signal.Signals(signum).name,
+                p.step,
+            )
         loop.stopped, loop.signum = "signal", signum
     elif out_of_time:
         loop.stopped = "max_seconds"
-        log.warning("stopping at step %d of %d: train.max_seconds=%s reached", p.step, c.steps,
-                    c.max_seconds)
+        log.warning(
+            "stopping at step %d of %d: train.max_seconds=%s reached",
+            p.step,
+            c.steps,
+            c.max_seconds,
+        )
 
 
 def default_actions(config: Config, extra: Sequence[Action] = ()) -> list[Action]:
     """The loop's actions in order: log, evaluate, checkpoint, ``extra``, early stopping, the
     stop check."""
     t = config.train
-    return [Action("log", t.log_every, log_train), Action("evaluate", t.eval_every, evaluate),
-            Action("checkpoint", t.checkpoint_every, checkpoint), *extra,
-            Action("early_stopping", 1, early_stopping), Action("stop", 1, stop_requested)]
+    return [
+        Action("log", t.log_every, log_train),
+        Action("evaluate", t.eval_every, evaluate),
+        Action("checkpoint", t.checkpoint_every, checkpoint),
+        *extra,
+        Action("early_stopping", 1, early_stopping),
+        Action("stop", 1, stop_requested),
+    ]
 
 
-def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, progress: Progress,
-                checkpointer: Checkpointer, writer: MetricsWriter, dev_bleu: DevBleu | None,
-                partitioner: Partitioner, extra_actions: Sequence[Action] = ()) -> tuple[Any, str]:
+def _train_loop(
+    config: Config,
+    data: PreparedData,
+    graphdef: Any,
+    state: Any,
+    progress: Progress,
+    checkpointer: Checkpointer,
+    writer: MetricsWriter,
+    dev_bleu: DevBleu | None,
+    partitioner: Partitioner,
+    extra_actions: Sequence[Action] = (),
+) -> tuple[Any, str]:
     """The driver: run steps and, after each, the actions that are due; returns (state, why
     stopped)."""
     tcfg, p, accum = config.train, progress, config.train.grad_accum_steps
     shardings = partitioner.shardings(abstract_train_state(config)[1])
     # micro-batches [accum, rows, length]: rows (axis 1) are split over data × fsdp
-    sharded_step = sharded_train_step(partitioner, shardings, graphdef, make_optimizer(tcfg),
-                                      bos_id=data.tokenizer.bos_id,
-                                      label_smoothing=tcfg.label_smoothing, row_axis=1)
+    sharded_step = sharded_train_step(
+        partitioner,
+        shardings,
+        graphdef,
+        make_optimizer(tcfg),
+        bos_id=data.tokenizer.bos_id,
+        label_smoothing=tcfg.label_smoothing,
+        row_axis=1,
+    )
     evaluate_dev = dev_evaluator(graphdef, shardings.params, data, config, partitioner, dev_bleu)
     actions = default_actions(config, extra_actions)
-    bar = tqdm(total=tcfg.steps, initial=p.step, desc="train", unit="step", dynamic_ncols=True,
-               mininterval=2.0, disable=not is_main_process())
-    loop = Loop(config, data, graphdef, partitioner, checkpointer, writer, evaluate_dev, bar, state,
-                p)
+    bar = tqdm(
+        total=tcfg.steps,
+        initial=p.step,
+        desc="train",
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=2.0,
+        disable=not is_main_process(),
+    )
+    loop = Loop(
+        config, data, graphdef, partitioner, checkpointer, writer, evaluate_dev, bar, state, p
+    )
     with _StopFlag() as stop, contextlib.closing(bar):
         loop.stop_flag = stop
         batch = train_batch(data.train, p.micro_batches, accum) if p.step < tcfg.steps else None
@@ -505,7 +674,9 @@ def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, p
             p.skipped_total += int(float(m["skipped"]))
             bar.update(1)
             if tcfg.max_skipped_steps and in_a_row >= tcfg.max_skipped_steps:
-                raise TrainingDiverged(_diverged_message(p, in_a_row, tcfg.max_skipped_steps), p.step)
+                raise TrainingDiverged(
+                    _diverged_message(p, in_a_row, tcfg.max_skipped_steps), p.step
+                )
             p.train_seconds += time.perf_counter() - t0
 
             loop.new_best = None
@@ -525,48 +696,74 @@ def _train_loop(config: Config, data: PreparedData, graphdef: Any, state: Any, p
         signum, _ = agree_to_stop(stop.signum, False)
         if signum is not None:
             raise Interrupted(p.step, signum)
-    return loop.state, loop.stopped if loop.stopped in ("early_stopping", "max_seconds") else "finished"
+    return loop.state, loop.stopped if loop.stopped in (
+        "early_stopping",
+        "max_seconds",
+    ) else "finished"
 
 
 def _diverged_message(p: Progress, in_a_row: int, limit: int) -> str:
-    newest = ("no checkpoint was saved" if p.last_saved is None
-              else f"the newest checkpoint is step {p.last_saved}")
-    return (f"stopped at step {p.step}: steps {p.step - in_a_row + 1}..{p.step} ({in_a_row} in a "
-            f"row, train.max_skipped_steps={limit}) had a non-finite loss or gradient and were "
-            f"skipped; {newest}. Lower train.learning_rate or raise train.warmup_steps, then rerun.")
+    newest = (
+        "no checkpoint was saved"
+        if p.last_saved is None
+        else f"the newest checkpoint is step {p.last_saved}"
+    )
+    return (
+        f"stopped at step {p.step}: steps {p.step - in_a_row + 1}..{p.step} ({in_a_row} in a "
+        f"row, train.max_skipped_steps={limit}) had a non-finite loss or gradient and were "
+        f"skipped; {newest}. Lower train.learning_rate or raise train.warmup_steps, then rerun."
+    )
 
 
-def _train_row(pending, step, schedule, real, seconds, batches: PackedBatches, accum) -> dict[str, float]:
+def _train_row(
+    pending, step, schedule, real, seconds, batches: PackedBatches, accum
+) -> dict[str, float]:
     sums = {k: float(sum(jax.device_get([p[k] for p in pending]))) for k in pending[0]}
     tokens = max(sums["tokens"], 1.0)
     capacity = 2 * batches.rows * batches.max_len * accum * len(pending)
-    return {"loss": sums["loss"] / tokens, "nll": sums["nll"] / tokens,
-            "accuracy": sums["correct"] / tokens, "grad_norm": sums["grad_norm"] / len(pending),
-            "learning_rate": float(schedule(step - 1)),
-            "tokens_per_second": real / max(seconds, 1e-9),
-            "target_tokens_per_second": tokens / max(seconds, 1e-9),
-            "real_token_share": real / capacity, "skipped_steps": sums["skipped"]}
+    return {
+        "loss": sums["loss"] / tokens,
+        "nll": sums["nll"] / tokens,
+        "accuracy": sums["correct"] / tokens,
+        "grad_norm": sums["grad_norm"] / len(pending),
+        "learning_rate": float(schedule(step - 1)),
+        "tokens_per_second": real / max(seconds, 1e-9),
+        "target_tokens_per_second": tokens / max(seconds, 1e-9),
+        "real_token_share": real / capacity,
+        "skipped_steps": sums["skipped"],
+    }
 
 
 def _dev_line(step: int, dev: dict[str, float], best: BestTracker, improved: bool) -> str:
-    line = (f"step {step}: dev loss {dev['loss']:.3f} nll {dev['nll']:.3f} "
-            f"acc {dev['accuracy']:.1%} ppl {dev['ppl']:.2f}")
+    line = (
+        f"step {step}: dev loss {dev['loss']:.3f} nll {dev['nll']:.3f} "
+        f"acc {dev['accuracy']:.1%} ppl {dev['ppl']:.2f}"
+    )
     if "bleu" in dev:
         line += f" BLEU {dev['bleu']:.2f} ({int(dev['bleu_sentences'])} sentences)"
     mark = "new best" if improved else f"best {best.value:.4g} at step {best.step}"
     return f"{line} [{best.metric}: {mark}]"
 
 
-def _test_params(config: Config, checkpointer: Checkpointer, state: Any, best: BestTracker,
-                 partitioner: Partitioner) -> tuple[Any, int]:
-    """Parameters for the final test decode: the best checkpoint's or the last ones, and their step."""
+def _test_params(
+    config: Config,
+    checkpointer: Checkpointer,
+    state: Any,
+    best: BestTracker,
+    partitioner: Partitioner,
+) -> tuple[Any, int]:
+    """Parameters for the final test decode (the best checkpoint's or the last) and their step."""
     step = int(state.step)
     want = best.step if config.train.test_checkpoint == "best" else None
     if want is None or want == step:
         return state.params, step
     if want not in checkpointer.all_steps():
-        log.warning("best checkpoint (step %d) was not kept (train.keep_best=false); testing the "
-                    "last parameters (step %d)", want, step)
+        log.warning(
+            "best checkpoint (step %d) was not kept (train.keep_best=false); testing the "
+            "last parameters (step %d)",
+            want,
+            step,
+        )
         return state.params, step
     _, abstract = abstract_train_state(config)
     restored, _ = checkpointer.restore(partitioner.abstract(abstract), want)

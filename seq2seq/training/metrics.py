@@ -24,15 +24,18 @@ class MetricsWriter:
       resume_step: the step of the restored checkpoint, or None for a fresh run.
     """
 
-    def __init__(self, workdir: str | Path, *, enabled: bool = True, resume_step: int | None = None):
+    def __init__(
+        self, workdir: str | Path, *, enabled: bool = True, resume_step: int | None = None
+    ):
         self.enabled = enabled
         self.path = Path(workdir) / "metrics.jsonl"
         self.dropped = 0
         if enabled and resume_step is not None:
             self.dropped = truncate_metrics(workdir, resume_step)
         purge = None if resume_step is None else resume_step + 1
-        self.tb = (SummaryWriter(str(Path(workdir) / "tensorboard"), purge_step=purge)
-                   if enabled else None)
+        self.tb = (
+            SummaryWriter(str(Path(workdir) / "tensorboard"), purge_step=purge) if enabled else None
+        )
 
     def write(self, step: int, split: str, values: dict[str, Any]) -> None:
         """Record scalar ``values`` of ``split`` (``train``, ``dev``, ``test``) at ``step``.

@@ -2,7 +2,8 @@
 
 ``make_train_step`` and ``make_eval_step`` bind the configuration (graph definition, optimizer,
 special ids, label smoothing) by closure and return plain functions of arrays (Flax WMT style);
-the caller compiles them once, with ``jax.jit`` or over a mesh with ``Partitioner.jit``. Dropout keys
+the caller compiles them once, with ``jax.jit`` or over a mesh with ``Partitioner.jit``.
+Dropout keys
 are ``fold_in(fold_in(state.rng, step), micro_batch)``: a resumed run draws exactly the
 randomness it would have. A step may accumulate gradients over several micro-batches
 (``jax.lax.scan``), normalising once by their total number of real target tokens.
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.struct
 import jax
@@ -74,18 +76,31 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     parts = []
     if config.clip_norm > 0:
         parts.append(optax.clip_by_global_norm(config.clip_norm))
-    parts.append(optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
-                             eps=config.eps, weight_decay=config.weight_decay, mask=_decay_mask))
+    parts.append(
+        optax.adamw(
+            learning_rate_schedule(config),
+            b1=config.b1,
+            b2=config.b2,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+            mask=_decay_mask,
+        )
+    )
     return optax.chain(*parts)
 
 
-def create_train_state(model: nnx.Module, tx: optax.GradientTransformation, seed: int) -> tuple[
-        nnx.GraphDef, TrainState]:
+def create_train_state(
+    model: nnx.Module, tx: optax.GradientTransformation, seed: int
+) -> tuple[nnx.GraphDef, TrainState]:
     """Split a model into its static graph and a fresh ``TrainState``."""
     graphdef, params = nnx.split(model, nnx.Param)
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                       rng=jax.random.key_data(jax.random.key(seed)),
-                       skipped=jnp.zeros((), jnp.int32))
+    state = TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        rng=jax.random.key_data(jax.random.key(seed)),
+        skipped=jnp.zeros((), jnp.int32),
+    )
     return graphdef, state
 
 
@@ -106,8 +121,9 @@ def abstract_train_state(config: Config) -> tuple[nnx.GraphDef, TrainState]:
     return holder["graphdef"], state
 
 
-def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
-                  label_smoothing: float = 0.0) -> tuple[jax.Array, jax.Array, jax.Array]:
+def cross_entropy(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array, label_smoothing: float = 0.0
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Label-smoothed cross-entropy summed over weighted tokens, in float32.
 
     With smoothing ε the target distribution is (1-ε)·onehot + ε/V (Szegedy et al. 2016, §7;
@@ -162,9 +178,11 @@ def _cross_entropy_bwd(label_smoothing, residuals, cotangents):
     onehot = jnp.arange(logits.shape[-1]) == targets[..., None]
     vocab = logits.shape[-1]
     # d loss/dz = p - (1-ε)·onehot - ε/V ; d nll/dz = p - onehot
-    grad = ((g_loss + g_nll) * probs
-            - jnp.where(onehot, (1.0 - label_smoothing) * g_loss + g_nll, 0.0)
-            - label_smoothing / vocab * g_loss)
+    grad = (
+        (g_loss + g_nll) * probs
+        - jnp.where(onehot, (1.0 - label_smoothing) * g_loss + g_nll, 0.0)
+        - label_smoothing / vocab * g_loss
+    )
     grad = grad * weights.astype(jnp.float32)[..., None]
     return grad.astype(logits.dtype), None, None
 
@@ -183,9 +201,15 @@ def _forward(params, graphdef, batch, bos_id, label_smoothing, dropout_key):
     return loss, dict(loss=loss, nll=nll, correct=correct, tokens=tokens)
 
 
-def accumulate_gradients(params: Any, batch: dict[str, jax.Array], dropout_key: jax.Array, *,
-                         graphdef: nnx.GraphDef, bos_id: int,
-                         label_smoothing: float) -> tuple[Any, Metrics]:
+def accumulate_gradients(
+    params: Any,
+    batch: dict[str, jax.Array],
+    dropout_key: jax.Array,
+    *,
+    graphdef: nnx.GraphDef,
+    bos_id: int,
+    label_smoothing: float,
+) -> tuple[Any, Metrics]:
     """Gradient of the per-token loss over all micro-batches of ``batch``.
 
     The micro-batches are visited with ``jax.lax.scan`` (one at a time in memory); the gradients
@@ -208,8 +232,9 @@ def accumulate_gradients(params: Any, batch: dict[str, jax.Array], dropout_key: 
     def body(carry, xs):
         grad_sum, sums = carry
         index, micro = xs
-        grads, metrics = grad_fn(params, graphdef, micro, bos_id, label_smoothing,
-                                 jax.random.fold_in(dropout_key, index))
+        grads, metrics = grad_fn(
+            params, graphdef, micro, bos_id, label_smoothing, jax.random.fold_in(dropout_key, index)
+        )
         return (jax.tree.map(jnp.add, grad_sum, grads), jax.tree.map(jnp.add, sums, metrics)), None
 
     zeros = jax.tree.map(jnp.zeros_like, params)
@@ -219,9 +244,14 @@ def accumulate_gradients(params: Any, batch: dict[str, jax.Array], dropout_key: 
     return jax.tree.map(lambda g: g * scale, grad_sum), sums
 
 
-def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, bos_id: int,
-                    label_smoothing: float, param_layout: Any = None) -> Callable[
-                        [TrainState, Batch], tuple[TrainState, Metrics]]:
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    *,
+    bos_id: int,
+    label_smoothing: float,
+    param_layout: Any = None,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """The optimizer step (teacher forcing, loss averaged over the real target tokens).
 
     Returns ``train_step(state, batch) → (state, metrics)``, a plain function to compile with
@@ -246,34 +276,47 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
     ``nll``, ``correct``, ``tokens`` over all micro-batches, ``grad_norm`` (global L2 norm of
     the per-token gradient, before clipping), ``skipped`` (1.0 if this step was skipped).
     """
+
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         if param_layout is not None:
-            state = dataclasses.replace(state, params=jax.lax.with_sharding_constraint(
-                state.params, param_layout))
+            state = dataclasses.replace(
+                state, params=jax.lax.with_sharding_constraint(state.params, param_layout)
+            )
         batch = {k: v[None] if v.ndim == 2 else v for k, v in batch.items()}
         dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-        grads, sums = accumulate_gradients(state.params, batch, dropout_key, graphdef=graphdef,
-                                           bos_id=bos_id, label_smoothing=label_smoothing)
+        grads, sums = accumulate_gradients(
+            state.params,
+            batch,
+            dropout_key,
+            graphdef=graphdef,
+            bos_id=bos_id,
+            label_smoothing=label_smoothing,
+        )
         grad_norm = optax.tree_utils.tree_norm(grads)
         ok = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
         updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-        new_state = dataclasses.replace(state, step=state.step + 1,
-                                        params=keep(new_params, state.params),
-                                        opt_state=keep(new_opt_state, state.opt_state),
-                                        skipped=jnp.where(ok, 0, state.skipped + 1))
+        new_state = dataclasses.replace(
+            state,
+            step=state.step + 1,
+            params=keep(new_params, state.params),
+            opt_state=keep(new_opt_state, state.opt_state),
+            skipped=jnp.where(ok, 0, state.skipped + 1),
+        )
         metrics = dict(sums, grad_norm=grad_norm, skipped=(~ok).astype(jnp.float32))
         return new_state, metrics
 
     return train_step
 
 
-def make_eval_step(graphdef: nnx.GraphDef, *, bos_id: int, label_smoothing: float,
-                   param_layout: Any = None) -> Callable[[Any, Batch], Metrics]:
+def make_eval_step(
+    graphdef: nnx.GraphDef, *, bos_id: int, label_smoothing: float, param_layout: Any = None
+) -> Callable[[Any, Batch], Metrics]:
     """``eval_step(params, batch) → metrics``: teacher-forced loss sums on one ``[rows, len]``
     batch without dropout (``loss``, ``nll``, ``correct``, ``tokens``, float32 scalars).
     Arguments as for ``make_train_step``."""
+
     def eval_step(params: Any, batch: Batch) -> Metrics:
         if param_layout is not None:
             params = jax.lax.with_sharding_constraint(params, param_layout)
@@ -282,10 +325,16 @@ def make_eval_step(graphdef: nnx.GraphDef, *, bos_id: int, label_smoothing: floa
     return eval_step
 
 
-def sharded_train_step(partitioner: Partitioner, shardings: TrainState, graphdef: nnx.GraphDef,
-                       tx: optax.GradientTransformation, *, bos_id: int, label_smoothing: float,
-                       row_axis: int = 0) -> Callable[[TrainState, Batch],
-                                                      tuple[TrainState, Metrics]]:
+def sharded_train_step(
+    partitioner: Partitioner,
+    shardings: TrainState,
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    *,
+    bos_id: int,
+    label_smoothing: float,
+    row_axis: int = 0,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """``make_train_step`` compiled over ``partitioner``'s mesh, as the training loop runs it.
 
     The state comes in and goes out with ``shardings`` (``partitioner.shardings`` of the
@@ -294,7 +343,17 @@ def sharded_train_step(partitioner: Partitioner, shardings: TrainState, graphdef
     rows (axis ``row_axis``: 1 for micro-batches ``[accum, rows, length]``) are split over
     ``data × fsdp``; the metrics come out replicated.
     """
-    train_step = make_train_step(graphdef, tx, bos_id=bos_id, label_smoothing=label_smoothing,
-                                 param_layout=partitioner.compute_layout(shardings.params))
-    return partitioner.jit(train_step, shardings, row_axis=row_axis, donate=True,
-                           out_shardings=(shardings, partitioner.replicated))
+    train_step = make_train_step(
+        graphdef,
+        tx,
+        bos_id=bos_id,
+        label_smoothing=label_smoothing,
+        param_layout=partitioner.compute_layout(shardings.params),
+    )
+    return partitioner.jit(
+        train_step,
+        shardings,
+        row_axis=row_axis,
+        donate=True,
+        out_shardings=(shardings, partitioner.replicated),
+    )
