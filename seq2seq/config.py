@@ -105,6 +105,8 @@ class TokenizerConfig:
       byte_fallback: spell a character outside the vocabulary as its UTF-8 byte pieces
         (256 pieces of the vocabulary) instead of the unknown piece; they decode back to
         the character.
+      remove_extra_whitespaces: SentencePiece's whitespace handling: strip leading and
+        trailing spaces and collapse runs of them (the default); false keeps them as written.
     """
 
     joint: bool = True
@@ -118,6 +120,7 @@ class TokenizerConfig:
     user_defined_symbols: list[str] = field(default_factory=list)
     normalization: str = "nmt_nfkc"
     byte_fallback: bool = False
+    remove_extra_whitespaces: bool = True
 
 
 # Choices of the string-valued model settings (checked when a config is built).

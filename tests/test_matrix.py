@@ -188,6 +188,7 @@ CHAINS: dict[str, dict] = {
         "format": "disk",
         "tokenizer.normalization": "identity",
         "tokenizer.byte_fallback": True,
+        "tokenizer.remove_extra_whitespaces": False,
         "tokenizer.vocab_size": 400,
     },
     "alibi-f32": {

@@ -33,6 +33,7 @@ def test_matrix_covers_every_choice():
     assert set(FORMATS) <= _values("format")
     assert {"true", "false"} <= _values("tokenizer.joint")
     assert "true" in _values("tokenizer.byte_fallback") and "true" in _values("decode.allow_unk")
+    assert "false" in _values("tokenizer.remove_extra_whitespaces")
     # each position scheme in both dtypes, the separate vocabularies with both untied modes
     pairs = {(c["model.positions"], c["model.dtype"]) for c in CHAINS.values()}
     assert pairs == {(p, d) for p in MODEL_CHOICES["positions"] for d in MODEL_CHOICES["dtype"]}

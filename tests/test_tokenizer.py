@@ -371,3 +371,12 @@ def test_pair_needs_the_same_special_ids(tmp_path):
     (tmp_path / "other.model").write_bytes(model.getvalue())
     with pytest.raises(TokenizerError, match="disagree on pad_id"):
         TokenizerPair(ours, Tokenizer(tmp_path / "other.model"))
+
+
+def test_remove_extra_whitespaces_false_keeps_the_spaces_as_written(tmp_path):
+    en, es = corpus()
+    line = "Tom  sees the cat."
+    default = train_or_load(en + es, cfg(), tmp_path / "default")
+    kept = train_or_load(en + es, cfg(remove_extra_whitespaces=False), tmp_path / "kept")
+    assert default.decode(default.encode([line]))[0] == "Tom sees the cat."
+    assert kept.decode(kept.encode([line]))[0] == line

@@ -43,7 +43,11 @@ _TRAINING_OPTIONS = (
     "user_defined_symbols",
 )
 # Later options, hashed only when not at their default (so older runs keep their models).
-_NEWER_OPTIONS = {"normalization": "nmt_nfkc", "byte_fallback": False}
+_NEWER_OPTIONS = {
+    "normalization": "nmt_nfkc",
+    "byte_fallback": False,
+    "remove_extra_whitespaces": True,
+}
 
 
 def _options(config: TokenizerConfig) -> dict:
@@ -328,6 +332,7 @@ def train_or_load(
             user_defined_symbols=list(config.user_defined_symbols),
             normalization_rule_name=config.normalization,
             byte_fallback=config.byte_fallback,
+            remove_extra_whitespaces=config.remove_extra_whitespaces,
             pad_id=PAD_ID,
             unk_id=UNK_ID,
             bos_id=BOS_ID,
