@@ -317,6 +317,8 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     _setup_logging()
+    if args.output and not Path(args.output).parent.is_dir():  # before, not after, decoding
+        return _fail(f"--output {args.output}: no directory {Path(args.output).parent}")
     stdin = args.input in (None, "-")
     try:  # a file is read first (a bad path fails at once); standard input after the run loads
         if not stdin:

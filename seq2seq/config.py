@@ -397,7 +397,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         try:
             data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: invalid YAML: {e}") from e
+            mark = getattr(e, "problem_mark", None)
+            where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"{where}: invalid YAML: {problem}") from e
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: top level must be a mapping, got {type(data).__name__}")
         layers.append(OmegaConf.create(data))

@@ -59,6 +59,7 @@ def test_bad_value_is_named_before_any_work(tmp_path, capsys, overrides, message
 SWEEP = [
     ("train", ["--config", "{tmp}/nope.yaml"], "config file not found: {tmp}/nope.yaml"),
     ("train", ["--config", "{tmp}/list.yaml"], "{tmp}/list.yaml: top level must be a mapping"),
+    ("train", ["--config", "{tmp}/bad.yaml"], "{tmp}/bad.yaml:3: invalid YAML: expected the node"),
     ("train", ["train.steps"], "override 'train.steps' must look like key=value"),
     (
         "train",
@@ -80,6 +81,11 @@ SWEEP = [
         "{tmp} is not a run directory (no config.yaml)",
     ),
     ("translate", ["--workdir", "{run}", "--input", "{tmp}/nope"], "{tmp}/nope: cannot read"),
+    (
+        "translate",
+        ["--workdir", "{run}", "--input", "{tmp}/in.txt", "--output", "{tmp}/no/out.txt"],
+        "--output {tmp}/no/out.txt: no directory {tmp}/no",
+    ),
     (
         "translate",
         ["--workdir", "{run}", "--input", "{tmp}/bad.txt"],
@@ -136,6 +142,7 @@ def sweep_files(tmp_path_factory):
     corpus = write_corpus(tmp / "corpus", train=100, dev=4, test=2)
     for name, data in {
         "list.yaml": b"- 1\n",
+        "bad.yaml": b"train:\n  steps: [1,\n",
         "mis.en": b"a\nb\n",
         "mis.es": b"a\n",
         "u8.en": b"a\n\xff\n",
