@@ -86,11 +86,35 @@ def model():
     return build_model(tiny_config(), seed=0)
 
 
-def pytest_terminal_summary(terminalreporter):
-    """List the option values the end-to-end matrix ran (tests/test_matrix.py)."""
+def _matrix_ran() -> dict[str, set[str]]:
     import sys
 
-    ran = getattr(sys.modules.get("test_matrix"), "RAN", None)
+    return getattr(sys.modules.get("test_matrix"), "RAN", None) or {}
+
+
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands the matrix's option values to the controller."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["matrix_ran"] = {k: sorted(v) for k, v in _matrix_ran().items()}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    ran = getattr(node, "workeroutput", {}).get("matrix_ran", {})
+    for key, values in ran.items():
+        node.config._matrix_ran.setdefault(key, set()).update(values)
+
+
+def pytest_configure(config):
+    config._matrix_ran = {}
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """List the option values the end-to-end matrix ran (tests/test_matrix.py), gathered from
+    this process or, under pytest-xdist, from its workers."""
+    ran = {k: set(v) for k, v in _matrix_ran().items()}
+    for key, values in config._matrix_ran.items():
+        ran.setdefault(key, set()).update(values)
     if ran:
         terminalreporter.write_sep("-", "end-to-end matrix: option values run")
         for key in sorted(ran):
