@@ -21,6 +21,15 @@ Rules shared by every search (documented because toolkits differ here):
   ``max_lengths[b] - 1`` only EOS is allowed, so every hypothesis ends by then. ``min_length``
   forbids EOS while fewer than ``min_length`` tokens precede it (|Y| ≥ min_length + 1);
   where the two collide the maximum wins.
+* Target prefix. A search given ``prefix`` forces row b's first tokens to ``prefix[b]`` (up
+  to its first PAD): at those positions only the forced token is allowed, except at a row's
+  last position, where EOS still wins (the caller keeps prefixes shorter than the limit).
+  The forced tokens are part of the hypothesis and of its ``logprob`` and score, which are
+  therefore those of the whole output under the model (as fairseq's ``prefix_tokens``), the
+  same numbers ``target_logprobs`` gives for that output. An empty prefix forces nothing.
+* Ensembles. ``Ensemble`` makes several models one ``SearchModel`` whose next-token
+  distribution is the mean of theirs (log-mean-exp of their log-probabilities); every search
+  runs on it unchanged.
 
 Beam search:
 
@@ -106,6 +115,78 @@ class SearchModel(Protocol):
     ) -> tuple[jax.Array, Any]: ...
 
 
+class Ensemble:
+    """Several models as one ``SearchModel``: at every step the next-token distribution is the
+    mean of the models' probabilities, returned as its log, ``log((1/n) Σ_m p_m(y | y_<t, x))``
+    (log-mean-exp of the log-probabilities, as fairseq's ``EnsembleModel.forward_decoder``
+    does), so the searches run unchanged and its scores are log-probabilities of that mixture.
+
+    The models must share the target vocabulary and special ids (the caller checks: the
+    translator compares the SentencePiece models); each keeps its own encoder output and
+    cache, held here as tuples in the models' order. A one-model ensemble is that model.
+
+    Args:
+      models: the ``SearchModel`` s (e.g. ``seq2seq.model.Transformer``), at least one.
+
+    Raises:
+      ValueError: no model.
+    """
+
+    def __init__(self, models: Sequence[Any]):
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        self.models = tuple(models)
+
+    def _mix(self, logits: Sequence[jax.Array]) -> jax.Array:
+        logp = jnp.stack([jax.nn.log_softmax(x.astype(jnp.float32), axis=-1) for x in logits])
+        return jax.nn.logsumexp(logp, axis=0) - np.log(len(logits)).astype(np.float32)
+
+    def encode(
+        self, src: jax.Array, src_segments: jax.Array, src_positions: jax.Array
+    ) -> tuple[jax.Array, ...]:
+        """One encoder output per model."""
+        return tuple(m.encode(src, src_segments, src_positions) for m in self.models)
+
+    def init_cache(
+        self, encoded: tuple[jax.Array, ...], src_segments: jax.Array, *, max_len: int, slots: int
+    ) -> tuple[Any, ...]:
+        """One cache per model, each from its own encoder output."""
+        return tuple(
+            m.init_cache(e, src_segments, max_len=max_len, slots=slots)
+            for m, e in zip(self.models, encoded)
+        )
+
+    def decode_step(
+        self,
+        tokens: jax.Array,
+        position: jax.Array,
+        cache: tuple[Any, ...],
+        *,
+        write: jax.Array,
+        mask: jax.Array,
+    ) -> tuple[jax.Array, tuple[Any, ...]]:
+        """float32 ``[batch, q, vocab]`` log-probabilities of the mixture (normalised logits)
+        and the models' updated caches."""
+        steps = [
+            m.decode_step(tokens, position, c, write=write, mask=mask)
+            for m, c in zip(self.models, cache)
+        ]
+        return self._mix([x for x, _ in steps]), tuple(c for _, c in steps)
+
+    def __call__(self, batch: dict[str, jax.Array], *, bos_id: int) -> jax.Array:
+        """Teacher-forced log-probabilities of the mixture, float32 ``[batch, tgt_len, vocab]``
+        (arguments as ``Transformer.__call__``)."""
+        return self._mix([m(batch, bos_id=bos_id) for m in self.models])
+
+
+def merge_models(graphdef: Any, params: Any) -> Any:
+    """``nnx.merge`` of one model, or an ``Ensemble`` when ``graphdef`` and ``params`` are
+    tuples (one entry per model, in the same order)."""
+    if isinstance(graphdef, tuple):
+        return Ensemble([nnx.merge(g, p) for g, p in zip(graphdef, params, strict=True)])
+    return nnx.merge(graphdef, params)
+
+
 @struct.dataclass
 class BeamCache:
     """The ``k`` hypotheses of every sentence sharing one model cache row of ``max_len·k`` slots.
@@ -140,7 +221,8 @@ def init_beams(
       ValueError: from the model (e.g. ``learned`` positions and max_len > ``model.max_len``).
     """
     cache = model.init_cache(encoded, src_segments, max_len=max_len, slots=max_len * k)
-    return BeamCache(model=cache, ancestors=jnp.zeros((encoded.shape[0], k, max_len), jnp.int32))
+    batch = src_segments.shape[0]  # not ``encoded``'s: an ensemble encodes to a tuple
+    return BeamCache(model=cache, ancestors=jnp.zeros((batch, k, max_len), jnp.int32))
 
 
 def decode_beams(
@@ -305,21 +387,30 @@ def _banned(
     eos_id: int,
     pad_id: int,
     unk_id: int = -1,
+    prefix: jax.Array | None = None,
 ) -> jax.Array:
     """bool ``[batch, vocab]``: tokens not allowed at position ``i`` (0-based) of each row.
 
     Only EOS is allowed at the last position a row's ``max_lengths`` permits; EOS is forbidden
     while fewer than ``min_length`` tokens precede it (the maximum wins); PAD/BOS never, nor
-    ``unk_id`` (-1: no unknown piece banned).
+    ``unk_id`` (-1: no unknown piece banned). Where ``prefix`` (int32 ``[batch, p]``, PAD after
+    each row's forced tokens) holds a token at ``i`` and ``i`` is not the last position, only
+    that token is allowed (whatever the other rules say).
     """
     token = jnp.arange(vocab)
     is_eos = token == eos_id
     last = (i + 1 >= max_lengths)[:, None]
-    return (
+    banned = (
         ((token == pad_id) | (token == bos_id) | (token == unk_id))[None, :]
         | (last & ~is_eos[None, :])
         | (~last & (i < min_length) & is_eos[None, :])
     )
+    if prefix is None:
+        return banned
+    width = prefix.shape[1]
+    forced = jnp.where(i < width, prefix[:, jnp.minimum(i, width - 1)], pad_id)  # [batch]
+    forcing = ((forced != pad_id)[:, None]) & ~last  # [batch, 1]
+    return jnp.where(forcing, token[None, :] != forced[:, None], banned)
 
 
 def _gather_beams(x: jax.Array, beam_index: jax.Array) -> jax.Array:
@@ -444,6 +535,7 @@ def beam_search(
     length_penalty_kind: str = "gnmt",
     min_length: int = 0,
     unk_id: int = -1,
+    prefix: jax.Array | None = None,
 ) -> BeamResult:
     """Beam search (rules in the module docstring); call it inside ``jax.jit``.
 
@@ -460,6 +552,8 @@ def beam_search(
       length_penalty_kind: ``gnmt``, ``plain`` or ``none``.
       min_length: EOS is forbidden while fewer than this many tokens precede it.
       unk_id: the unknown piece, never generated (-1: none banned).
+      prefix: int32 ``[batch, p]`` target prefix per sentence, PAD after its tokens (None:
+        none): hypotheses start with these tokens (module docstring, "Target prefix").
 
     Returns:
       ``BeamResult`` with the ``beam_size`` best finished hypotheses per sentence.
@@ -517,6 +611,7 @@ def beam_search(
             eos_id=eos_id,
             pad_id=pad_id,
             unk_id=unk_id,
+            prefix=prefix,
         )  # [batch, vocab]
         # [batch, 2k] each: total log-probability, source beam and token of every candidate
         top_logp, src_beam, tok = _top_continuations(logits, banned, s.alive_logp, 2 * k)
@@ -599,6 +694,7 @@ def _ancestral(
     pad_id: int,
     min_length: int,
     unk_id: int = -1,
+    prefix: jax.Array | None = None,
 ):
     """Left-to-right decoding of ``num`` hypotheses per sentence, one token per step.
 
@@ -613,6 +709,7 @@ def _ancestral(
     batch, rows = src.shape[0], src.shape[0] * num
     encoded = model.encode(src, src_segments, _positions(src_segments))
     row_max = jnp.repeat(jnp.clip(max_lengths, 1, max_len).astype(jnp.int32), num)  # [rows]
+    row_prefix = None if prefix is None else jnp.repeat(prefix, num, axis=0)  # [rows, p]
     init = SampleState(
         i=jnp.zeros((), jnp.int32),
         last=jnp.full((rows,), bos_id, jnp.int32),
@@ -639,6 +736,7 @@ def _ancestral(
             eos_id=eos_id,
             pad_id=pad_id,
             unk_id=unk_id,
+            prefix=row_prefix,
         )  # [rows, vocab]
         tok = choose(jnp.where(banned, NEG_INF, logits), i).astype(jnp.int32)  # [rows]
         step_logp = jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None], axis=-1)[
@@ -676,6 +774,7 @@ def greedy_search(
     pad_id: int,
     min_length: int = 0,
     unk_id: int = -1,
+    prefix: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Greedy decoding: the most probable allowed token at each step until EOS.
 
@@ -701,6 +800,7 @@ def greedy_search(
         pad_id=pad_id,
         min_length=min_length,
         unk_id=unk_id,
+        prefix=prefix,
     )
     return tokens[:, 0], logp[:, 0]
 
@@ -724,6 +824,7 @@ def sample(
     alpha: float = 0.0,
     length_penalty_kind: str = "gnmt",
     unk_id: int = -1,
+    prefix: jax.Array | None = None,
 ) -> BeamResult:
     """Ancestral sampling with temperature, top-k and top-p (Holtzman et al. 2020, §3.1).
 
@@ -735,7 +836,7 @@ def sample(
 
     Args:
       model, src, src_segments, max_lengths, max_len, bos_id, eos_id, pad_id, min_length,
-        unk_id: as ``beam_search``.
+        unk_id, prefix: as ``beam_search``.
       keys: uint32 ``[batch, 2]`` one PRNG key per sentence (``sentence_keys``).
       num_samples: independent samples per sentence (static).
       temperature, top_k, top_p: as ``filter_logits`` (static).
@@ -772,6 +873,7 @@ def sample(
         pad_id=pad_id,
         min_length=min_length,
         unk_id=unk_id,
+        prefix=prefix,
     )
     scores = logp / length_penalty(lengths, alpha, length_penalty_kind)
     order = jnp.argsort(-scores, axis=1, stable=True)
@@ -798,22 +900,27 @@ def sample(
         "unk_id",
     ),
 )
-def beam_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwargs) -> BeamResult:
-    """``beam_search`` on a model given as (graphdef, params); arrays as in ``beam_search``.
+def beam_search_jit(
+    params, src, src_segments, max_lengths, prefix=None, *, graphdef, **kwargs
+) -> BeamResult:
+    """``beam_search`` on a model given as (graphdef, params), or an ensemble as tuples of
+    them (``merge_models``); arrays as in ``beam_search``.
 
     ``graphdef`` and the keyword options are static: one compilation per input shape and set
-    of options.
+    of options (and whether a ``prefix`` is given).
     """
-    return beam_search(nnx.merge(graphdef, params), src, src_segments, max_lengths, **kwargs)
+    model = merge_models(graphdef, params)
+    return beam_search(model, src, src_segments, max_lengths, prefix=prefix, **kwargs)
 
 
 @functools.partial(
     jax.jit,
     static_argnames=("graphdef", "max_len", "bos_id", "eos_id", "pad_id", "min_length", "unk_id"),
 )
-def greedy_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwargs):
+def greedy_search_jit(params, src, src_segments, max_lengths, prefix=None, *, graphdef, **kwargs):
     """``greedy_search`` on a model given as (graphdef, params); static as ``beam_search_jit``."""
-    return greedy_search(nnx.merge(graphdef, params), src, src_segments, max_lengths, **kwargs)
+    model = merge_models(graphdef, params)
+    return greedy_search(model, src, src_segments, max_lengths, prefix=prefix, **kwargs)
 
 
 @functools.partial(
@@ -834,7 +941,55 @@ def greedy_search_jit(params, src, src_segments, max_lengths, *, graphdef, **kwa
         "unk_id",
     ),
 )
-def sample_jit(params, src, src_segments, max_lengths, keys, *, graphdef, **kwargs) -> BeamResult:
+def sample_jit(
+    params, src, src_segments, max_lengths, keys, prefix=None, *, graphdef, **kwargs
+) -> BeamResult:
     """``sample`` on a model given as (graphdef, params); static as ``beam_search_jit`` (the
     keys are traced, so a new seed does not recompile)."""
-    return sample(nnx.merge(graphdef, params), src, src_segments, max_lengths, keys, **kwargs)
+    model = merge_models(graphdef, params)
+    return sample(model, src, src_segments, max_lengths, keys, prefix=prefix, **kwargs)
+
+
+def target_logprobs(
+    model: Any,
+    src: jax.Array,
+    src_segments: jax.Array,
+    tgt: jax.Array,
+    tgt_segments: jax.Array,
+    *,
+    bos_id: int,
+) -> jax.Array:
+    """Teacher-forced ``log p(y_t | y_<t, x)`` of given targets (the scores of ``seq2seq-score``).
+
+    The same forward pass as the training loss (``model(batch)``, no dropout), so
+    ``-Σ logp / tokens`` over a set is its unsmoothed eval loss; beam search's ``logprob`` of a
+    hypothesis is ``Σ_t`` of these (computed incrementally there, equal up to float rounding).
+
+    Args:
+      model: a ``Transformer`` or an ``Ensemble`` (log-probabilities of the mixture).
+      src, src_segments: int32 ``[batch, src_len]`` as ``beam_search``.
+      tgt: int32 ``[batch, tgt_len]`` targets ending in EOS, then PAD.
+      tgt_segments: int32 ``[batch, tgt_len]``, 1 for real tokens (EOS included), 0 for PAD.
+      bos_id: the BOS id that starts the decoder input.
+
+    Returns:
+      float32 ``[batch, tgt_len]``, 0 at padding.
+    """
+    batch = dict(
+        src=src,
+        src_segments=src_segments,
+        src_positions=_positions(src_segments),
+        tgt=tgt,
+        tgt_segments=tgt_segments,
+        tgt_positions=_positions(tgt_segments),
+    )
+    logp = jax.nn.log_softmax(model(batch, bos_id=bos_id).astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(logp, tgt[..., None], axis=-1)[..., 0]
+    return jnp.where(tgt_segments > 0, picked, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "bos_id"))
+def target_logprobs_jit(params, src, src_segments, tgt, tgt_segments, *, graphdef, bos_id):
+    """``target_logprobs`` on (graphdef, params) or an ensemble of them (``merge_models``)."""
+    model = merge_models(graphdef, params)
+    return target_logprobs(model, src, src_segments, tgt, tgt_segments, bos_id=bos_id)
