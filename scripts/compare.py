@@ -414,6 +414,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="a tiny model, 2 rounds of 2 steps: checks that the script runs",
     )
+    p.add_argument(
+        "--quality",
+        action="store_true",
+        help="compare translation quality at the same training time instead "
+        "(scripts/compare_quality.py; its options below)",
+    )
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import compare_quality
+
+    compare_quality.add_arguments(p)
     a = p.parse_args(argv)
     a.presets = ["smoke"] if a.smoke else [s for s in a.preset.split(",") if s]
     if a.smoke:
@@ -439,6 +449,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the hub
     sys.path.insert(0, str(ROOT / "scripts"))
     import benchmark
+
+    if args.quality:
+        import compare_quality
+
+        info = benchmark.machine_info("float32")
+        machine = f"{info['cpu']}, {info['cpus_usable']} cores"
+        return compare_quality.run(args, machine)
     import torch
     import transformers
 

@@ -74,3 +74,55 @@ def test_smoke_times_every_pair(tmp_path):
     assert text.startswith(f"before\n{BEGIN}\nMeasured by `scripts/compare.py`")
     assert text.endswith(f"{END}\nafter\n") and "old table" not in text
     assert "| smoke | beam 4 | sentences/s |" in text and "| smoke | training |" in text
+
+
+def test_joined_pairs_stay_aligned_and_use_every_line():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from compare_quality import join_consecutive
+
+    src = [f"s{i}" for i in range(101)]
+    tgt = [f"t{i}" for i in range(101)]
+    js, jt = join_consecutive(src, tgt, seed=0)
+    assert " ".join(js).split() == src and " ".join(jt).split() == tgt
+    sizes = [len(s.split()) for s in js]
+    assert sizes == [len(t.split()) for t in jt]
+    assert set(sizes[:-1]) == {2, 3, 4} and 1 <= sizes[-1] <= 4  # the last run may be short
+    for s, t in zip(js, jt):  # pair k of the source is pair k of the target
+        assert [w[1:] for w in s.split()] == [w[1:] for w in t.split()]
+    assert join_consecutive(src, tgt, seed=0) == (js, jt)  # a function of the seed
+    with pytest.raises(ValueError, match="101 source lines but 100 target lines"):
+        join_consecutive(src, tgt[:-1], seed=0)
+
+
+@pytest.mark.slow
+def test_quality_comparison_runs_both_systems_on_a_proxy(tmp_path):
+    for name in ("torch", "transformers"):
+        pytest.importorskip(name, reason=f"{name} comes with the optional extra 'compare'")
+    out, docs = tmp_path / "quality.json", tmp_path / "benchmarks.md"
+    docs.write_text(
+        "x\n<!-- compare.py quality: begin -->\nold\n<!-- compare.py quality: end -->\ny\n"
+    )
+    tiny = "model.d_model=32 model.d_ff=64 model.num_heads=2 model.num_encoder_layers=1 "
+    tiny += "model.num_decoder_layers=1 tokenizer.vocab_size=200 train.steps=3 train.eval_every=3"
+    sets = [a for kv in tiny.split() for a in ("--set", kv)]
+    proc = subprocess.run(
+        [sys.executable, "scripts/compare.py", "--quality", "--proxies", "long"]
+        + ["--limit-lines", "150", "--out", str(tmp_path / "q"), "--json", str(out)]
+        + ["--docs", str(docs), *sets],
+        cwd=ROOT,
+        env={**os.environ, **FAST_XLA},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(out.read_text())["proxies"]["long"]
+    ours, peer = r["ours"], r["peer"]
+    assert r["train_pairs"] == 150 and ours["step"] == 3 and peer["steps"] >= 1
+    # the peer trained for our training time (it stops after the step that crosses it)
+    assert peer["train_seconds"] >= ours["train_seconds"]
+    for side in (ours, peer):
+        assert 0 <= side["test_bleu"] <= 100 and 0 <= side["test_chrf"] <= 100
+        assert side["bleu_signature"].startswith("nrefs:1|case:mixed")
+    text = docs.read_text()
+    assert "old" not in text and "| long | 150 |" in text and text.endswith("end -->\ny\n")
