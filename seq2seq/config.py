@@ -130,7 +130,11 @@ MODEL_CHOICES: dict[str, tuple[str, ...]] = {
     "activation": ("relu", "gelu", "swiglu", "geglu"),
     "share_embeddings": ("all", "target", "none"),
     "dtype": ("float32", "bfloat16"),
+    "attention": ("dense", "chunked", "cudnn"),
 }
+# Choices that only run on a GPU backend: check_run_config refuses them elsewhere (named
+# error), so the CPU test matrix tests that error instead of running them.
+GPU_ONLY_CHOICES: dict[str, tuple[str, ...]] = {"attention": ("cudnn",)}
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,10 @@ class ModelConfig:
       dtype: compute dtype, ``float32`` or ``bfloat16``; parameters stay float32, matmuls
         accumulate in float32 (``model/precision.py``), and softmax, LayerNorm statistics,
         logits and the loss are float32.
+      attention: ``dense`` (the whole score matrix; the reference), ``chunked`` (blockwise
+        with an online softmax, O(n) memory in forward and backward, the same values) or
+        ``cudnn`` (cuDNN flash attention in bfloat16, GPU only); see ``model/attention.py``.
+      attention_q_block / attention_kv_block: ``chunked`` query and key block sizes.
 
     Raises:
       ConfigError: a string setting is not one of its choices (the message names the key).
@@ -192,6 +200,9 @@ class ModelConfig:
     share_embeddings: str = "all"
     max_len: int = 512
     dtype: str = "float32"
+    attention: str = "dense"
+    attention_q_block: int = 256
+    attention_kv_block: int = 256
 
     def __post_init__(self):
         # The field used to be a bool; YAML true/false arrive as bools or "True"/"False".

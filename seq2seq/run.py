@@ -16,10 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from seq2seq import evaluation
 from seq2seq.config import (
     Config,
     ConfigError,
+    ModelConfig,
     check_position_limits,
     flatten,
     load_config,
@@ -134,6 +137,7 @@ def check_run_config(config: Config) -> None:
         raise ConfigError(
             f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}"
         )
+    check_attention_config(m)
     vocab = m.vocab_size or config.tokenizer.vocab_size
     abstract_train_state(
         replace(
@@ -142,6 +146,25 @@ def check_run_config(config: Config) -> None:
     )
     partitioner = Partitioner.from_config(config)
     partitioner.process_rows(d.max_tokens // d.max_len)  # rows split over data × fsdp
+
+
+def check_attention_config(m: ModelConfig) -> None:
+    """``model.attention`` and its block sizes (``model/attention.py``).
+
+    Raises:
+      ConfigError: a block size < 1, or ``cudnn`` (cuDNN flash attention) without a GPU
+        backend; the message names the key, the value and the reason.
+    """
+    for key in ("attention_q_block", "attention_kv_block"):
+        if getattr(m, key) < 1:
+            raise ConfigError(f"model.{key} must be >= 1, got {getattr(m, key)}")
+    backend = jax.default_backend()
+    if m.attention == "cudnn" and backend != "gpu":
+        raise ConfigError(
+            f"model.attention=cudnn needs a GPU backend (cuDNN flash attention); this "
+            f"JAX backend is {backend}: use model.attention=chunked (same memory "
+            f"behaviour, any backend) or dense"
+        )
 
 
 def _resumable(key: str) -> bool:

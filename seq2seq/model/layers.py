@@ -144,6 +144,9 @@ def _attention(config: ModelConfig, dtype, rngs: nnx.Rngs) -> MultiHeadAttention
         rngs=rngs,
         dropout_rate=config.attention_dropout_rate,
         rope_base=config.rope_base,
+        implementation=config.attention,
+        q_block=config.attention_q_block,
+        kv_block=config.attention_kv_block,
     )
 
 

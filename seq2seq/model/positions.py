@@ -17,7 +17,10 @@ one stack needs, so the model reads the same for every scheme.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -198,13 +201,45 @@ class RelativePositionBias(nnx.Module):
         self.table = nnx.Param(init(rngs.params(), (num_heads, num_buckets), jnp.float32))
 
     def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
-        buckets = relative_position_bucket(
-            k_positions[:, None, :] - q_positions[:, :, None],
-            bidirectional=self.bidirectional,
-            num_buckets=self.num_buckets,
-            max_distance=self.max_distance,
-        )
-        return jnp.moveaxis(self.table[...][:, buckets], 0, 1)  # [h, b, q, k] -> [b, h, q, k]
+        return self.bias_fn()(q_positions, k_positions)
+
+    def bias_fn(self) -> Callable[[jax.Array, jax.Array], jax.Array]:
+        """``__call__`` as a pure function of the positions over the table's current value, for
+        attention that builds its bias block by block (``PositionBias``)."""
+        table = self.table[...]  # [heads, buckets]
+        bidirectional, num_buckets = self.bidirectional, self.num_buckets
+        max_distance = self.max_distance
+
+        def fn(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+            buckets = relative_position_bucket(
+                k_positions[:, None, :] - q_positions[:, :, None],
+                bidirectional=bidirectional,
+                num_buckets=num_buckets,
+                max_distance=max_distance,
+            )
+            return jnp.moveaxis(table[:, buckets], 0, 1)  # [h, b, q, k] -> [b, h, q, k]
+
+        return fn
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionBias:
+    """A position bias kept as its positions and a function of them, so that attention can
+    build any ``[q_block, k_block]`` block on the fly (``model.attention=chunked``) instead of
+    the whole ``[q_len, k_len]`` matrix.
+
+    Attributes:
+      fn: ``(q_positions [b, q], k_positions [b, k])`` → float32 ``[b, heads, q, k]``.
+      q_positions: int ``[b or 1, q_len]``; k_positions: int ``[b or 1, k_len]``.
+    """
+
+    fn: Callable[[jax.Array, jax.Array], jax.Array]
+    q_positions: jax.Array
+    k_positions: jax.Array
+
+    def dense(self) -> jax.Array:
+        """The whole bias, float32 ``[b, heads, q_len, k_len]``."""
+        return self.fn(self.q_positions, self.k_positions)
 
 
 class Positions(nnx.Module):
@@ -280,10 +315,16 @@ class Positions(nnx.Module):
         Returns:
           float32 ``[b, heads, q_len, k_len]`` or None.
         """
+        lazy = self.lazy_bias(q_positions, k_positions)
+        return None if lazy is None else lazy.dense()
+
+    def lazy_bias(self, q_positions: jax.Array, k_positions: jax.Array) -> PositionBias | None:
+        """``bias`` as a ``PositionBias`` (nothing of size ``q_len × k_len`` is built), or None."""
         if self.kind == "relative":
-            return self.relative(q_positions, k_positions)
+            return PositionBias(self.relative.bias_fn(), q_positions, k_positions)
         if self.kind == "alibi":
-            return alibi_bias(q_positions, k_positions, self.num_heads)
+            fn = functools.partial(alibi_bias, num_heads=self.num_heads)
+            return PositionBias(fn, q_positions, k_positions)
         return None
 
     def rope(self, positions: jax.Array) -> jax.Array | None:

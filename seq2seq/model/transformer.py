@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from seq2seq.config import ModelConfig
-from seq2seq.model.attention import MultiHeadAttention, causal_segment_mask, segment_mask
+from seq2seq.model.attention import MultiHeadAttention, SegmentMask
 from seq2seq.model.axes import logical
 from seq2seq.model.layers import DecoderLayer, EncoderLayer, layer_norm
 from seq2seq.model.positions import Positions
@@ -188,6 +188,18 @@ class Transformer(nnx.Module):
         table = self._target_embedding().embedding[...].astype(self.dtype)
         return matmul(x, table, w_transposed=True, out_dtype=jnp.float32)
 
+    # -- masks and biases -------------------------------------------------------------------
+    def _mask(self, mask: SegmentMask) -> SegmentMask | jax.Array:
+        """Built once per stack for ``dense``/``cudnn``; ``chunked`` builds it block by block."""
+        return mask if self.config.attention == "chunked" else mask.dense()
+
+    def _bias(self, pos: Positions, q_positions: jax.Array, k_positions: jax.Array):
+        """The stack's position bias: a ``PositionBias`` for ``chunked``, else built (or None)."""
+        lazy = pos.lazy_bias(q_positions, k_positions)
+        if lazy is None or self.config.attention == "chunked":
+            return lazy
+        return lazy.dense()
+
     # -- encoder ----------------------------------------------------------------------------
     def encode(
         self,
@@ -212,8 +224,8 @@ class Transformer(nnx.Module):
         pos = self.encoder_positions
         pos.check_length(src.shape[1])
         x = self._embed(self.embed, pos, src, src_positions, deterministic=deterministic, rngs=rngs)
-        mask = segment_mask(src_segments, src_segments)
-        bias = pos.bias(src_positions, src_positions)
+        mask = self._mask(SegmentMask(src_segments, src_segments))
+        bias = self._bias(pos, src_positions, src_positions)
         rope = pos.rope(src_positions)
         for layer in self.encoder_layers:
             x = layer(
@@ -259,9 +271,9 @@ class Transformer(nnx.Module):
             deterministic=deterministic,
             rngs=rngs,
         )
-        self_mask = causal_segment_mask(tgt_segments)
-        cross_mask = segment_mask(tgt_segments, src_segments)
-        bias = pos.bias(tgt_positions, tgt_positions)
+        self_mask = self._mask(SegmentMask(tgt_segments, tgt_segments, causal=True))
+        cross_mask = self._mask(SegmentMask(tgt_segments, src_segments))
+        bias = self._bias(pos, tgt_positions, tgt_positions)
         rope = pos.rope(tgt_positions)
         for layer in self.decoder_layers:
             cross_kv = layer.cross_attention.project_kv(encoded)
