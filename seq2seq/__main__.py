@@ -18,6 +18,7 @@ COMMANDS = {
     "average": cli.average_main,
     "plot": cli.plot_main,
     "params": cli.params_main,
+    "serve": cli.serve_main,
 }
 
 

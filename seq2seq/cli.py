@@ -299,6 +299,22 @@ def _read_lines(path: str | None) -> list[str]:
     return read_lines(path)
 
 
+def _alignments_path(args) -> str | int | None:
+    """Where ``--alignments`` go (None: not asked for), or exit status 2 for a bad choice."""
+    if args.alignments is None:
+        if args.alignments_output:
+            return _fail("--alignments-output needs --alignments hard or soft")
+        return None
+    path = args.alignments_output or (
+        args.output and args.output + (".align" if args.alignments == "hard" else ".align.jsonl")
+    )
+    if not path:
+        return _fail("--alignments needs --output or --alignments-output (a file to write)")
+    if not Path(path).parent.is_dir():
+        return _fail(f"--alignments-output {path}: no directory {Path(path).parent}")
+    return path
+
+
 def translate_main(argv: Sequence[str] | None = None) -> int:
     """``seq2seq-translate --workdir DIR [--input FILE] [--output FILE]``: one sentence per line."""
     parser = _decode_parser(
@@ -315,10 +331,23 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
         help="print the N best hypotheses (samples with --sampling) of each line "
         "as 'line ||| text ||| logprob ||| score', line numbers from 0",
     )
+    parser.add_argument(
+        "--alignments",
+        choices=("hard", "soft"),
+        help="also write each hypothesis's alignment from the cross-attention (one line per "
+        "output line): hard = Pharaoh 'i-j' (source piece - target piece), soft = JSON lines",
+    )
+    parser.add_argument(
+        "--alignments-output",
+        help="alignment file (default: OUTPUT.align for hard, OUTPUT.align.jsonl for soft)",
+    )
     args = parser.parse_args(argv)
     _setup_logging()
     if args.output and not Path(args.output).parent.is_dir():  # before, not after, decoding
         return _fail(f"--output {args.output}: no directory {Path(args.output).parent}")
+    align_path = _alignments_path(args)
+    if isinstance(align_path, int):
+        return align_path
     stdin = args.input in (None, "-")
     try:  # a file is read first (a bad path fails at once); standard input after the run loads
         if not stdin:
@@ -333,6 +362,11 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
             progress=args.input not in (None, "-"),
             source=args.input if args.input not in (None, "-") else "<stdin>",
         )
+        if align_path:
+            from seq2seq.alignment import alignment_lines
+
+            aligned = alignment_lines(translator, lines, results, args.alignments)
+            Path(align_path).write_text("".join(a + "\n" for a in aligned), encoding="utf-8")
     except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
     if args.nbest == 1:
@@ -490,13 +524,108 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
         "and gradient norm from metrics.jsonl to a PNG.",
     )
     parser.add_argument("--workdir", required=True, help="run directory written by seq2seq-train")
-    parser.add_argument("--output", help="PNG file (default: WORKDIR/curves.png)")
+    parser.add_argument(
+        "--output", help="PNG file (default: WORKDIR/curves.png, or WORKDIR/attention.png)"
+    )
+    parser.add_argument(
+        "--attention",
+        metavar="SENTENCE",
+        help="instead: translate SENTENCE with the run (its decode config) and draw the "
+        "cross-attention as a source × target heatmap, hard alignment marked",
+    )
+    parser.add_argument(
+        "--layer", type=_nonnegative_int, help="with --attention: one decoder layer (default: mean)"
+    )
+    parser.add_argument(
+        "--head", type=_nonnegative_int, help="with --attention: one head (default: mean)"
+    )
     args = parser.parse_args(argv)
-    from seq2seq.plots import plot_run
+    if args.attention is None:
+        if args.layer is not None or args.head is not None:
+            return _fail("--layer and --head apply with --attention only")
+        from seq2seq.plots import plot_run
+
+        try:
+            path = plot_run(args.workdir, args.output)
+        except (ValueError, FileNotFoundError) as e:
+            return _fail(str(e))
+        print(f"wrote {path}")
+        return 0
+    if not args.attention.strip():
+        return _fail("--attention needs a non-empty sentence")
+    _setup_logging()
+    from seq2seq.alignment import cross_attention, pharaoh
+    from seq2seq.plots import plot_attention
 
     try:
-        path = plot_run(args.workdir, args.output)
-    except (ValueError, FileNotFoundError) as e:
+        targs = _decode_parser("seq2seq-plot", "").parse_args(["--workdir", args.workdir])
+        translator = _translator(targs, *_load(targs))
+        hyp = translator.translate([args.attention])[0][0]
+        found = cross_attention(translator, [args.attention], [hyp.tokens])[0]
+        output = args.output or str(Path(args.workdir) / "attention.png")
+        path = plot_attention(found, output, layer=args.layer, head=args.head, title=hyp.text)
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
         return _fail(str(e))
-    print(f"wrote {path}")
+    print(f"{hyp.text}\nalignment {pharaoh(found.hard())}\nwrote {path}")
+    return 0
+
+
+def serve_main(argv: Sequence[str] | None = None) -> int:
+    """``seq2seq-serve --workdir DIR [--host 127.0.0.1] [--port 8000]``: an HTTP server."""
+    parser = _decode_parser(
+        "seq2seq-serve",
+        "Serve a trained run over HTTP: POST /translate (LibreTranslate-compatible), "
+        "POST /attention, GET /health, and a web page at /.",
+    )
+    net = parser.add_argument_group("server")
+    net.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    net.add_argument("--port", type=_nonnegative_int, default=8000, help="default 8000")
+    net.add_argument(
+        "--batch-window-ms",
+        type=_nonnegative_float,
+        default=10.0,
+        help="wait this long after a request for others to share its decode (default 10)",
+    )
+    net.add_argument(
+        "--max-batch", type=_positive_int, default=64, help="sentences per decode (default 64)"
+    )
+    net.add_argument(
+        "--max-sentences",
+        type=_positive_int,
+        default=64,
+        help="sentences per request (default 64; more: 413)",
+    )
+    net.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=1_000_000,
+        help="request body size (default 1000000; more: 413)",
+    )
+    net.add_argument(
+        "--max-nbest",
+        type=_positive_int,
+        default=8,
+        help="hypotheses per sentence a request may ask for (default 8, at most the beam)",
+    )
+    args = parser.parse_args(argv)
+    _setup_logging()
+    from seq2seq.serve import Limits, Service, make_app, serve
+
+    try:
+        config, tokenizer, graphdef, params, decode = _load(args)
+        translator = _translator(args, config, tokenizer, graphdef, params, decode)
+        translator.translate(["Hello."])  # compile before the first request
+    except (ValueError, OSError, RuntimeError) as e:
+        return _fail(str(e))
+    service = Service(
+        translator,
+        config.data.src_lang,
+        config.data.tgt_lang,
+        limits=Limits(args.max_sentences, args.max_body_bytes, args.max_nbest),
+        window_ms=args.batch_window_ms,
+        max_batch=args.max_batch,
+        info={"workdir": args.workdir},
+    )
+    print(f"serving {args.workdir} on http://{args.host}:{args.port}/", file=sys.stderr)
+    serve(make_app(service), args.host, args.port)
     return 0

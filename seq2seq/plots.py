@@ -1,4 +1,5 @@
-"""Training curves of a run as a PNG, drawn with matplotlib's Agg backend from ``metrics.jsonl``."""
+"""Training curves of a run (from ``metrics.jsonl``) and cross-attention heatmaps as PNGs, drawn
+with matplotlib's Agg backend."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
+from seq2seq.alignment import Attention
 from seq2seq.training.metrics import read_metrics
 
 
@@ -97,4 +100,57 @@ def plot_run(workdir: str | Path, output: str | Path | None = None) -> Path:
     path = Path(output) if output else workdir / "curves.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
+    return path
+
+
+def plot_attention(
+    attention: Attention,
+    output: str | Path,
+    *,
+    layer: int | None = None,
+    head: int | None = None,
+    title: str = "",
+) -> Path:
+    """Draw a cross-attention heatmap (rows: target pieces, columns: source pieces, EOS
+    included) with the hard alignment (``Attention.hard`` of the drawn weights) marked.
+
+    Args:
+      attention: from ``seq2seq.alignment.cross_attention``.
+      output: the PNG to write.
+      layer, head: draw one decoder layer / head (default: the mean over them).
+      title: shown above the plot (e.g. the translation).
+
+    Returns:
+      The path written.
+
+    Raises:
+      ValueError: ``layer`` or ``head`` out of range (the message gives the counts).
+    """
+    layers, heads = attention.weights.shape[:2]
+    if layer is not None and not 0 <= layer < layers:
+        raise ValueError(
+            f"--layer {layer}: the model has {layers} decoder layers (0..{layers - 1})"
+        )
+    if head is not None and not 0 <= head < heads:
+        raise ValueError(f"--head {head}: the model has {heads} heads (0..{heads - 1})")
+    w = attention.weights
+    w = w.mean(axis=0) if layer is None else w[layer]
+    w = w.mean(axis=0) if head is None else w[head]  # [T, S]
+    shown = Attention(attention.source, attention.target, w[None, None])
+    src, tgt = attention.source, attention.target
+    fig = Figure(figsize=(max(4.0, 0.45 * len(src) + 2), max(3.0, 0.4 * len(tgt) + 1.5)))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    image = ax.imshow(w, cmap="Blues", vmin=0.0, vmax=max(float(w.max()), 1e-9))
+    ax.set_xticks(range(len(src)), src, rotation=90)
+    ax.set_yticks(range(len(tgt)), tgt)
+    ax.set(xlabel="source", ylabel="target")
+    for i, j in shown.hard():
+        ax.add_patch(Rectangle((i - 0.5, j - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.5))
+    fig.colorbar(image, ax=ax, fraction=0.04)
+    what = f"layer {'mean' if layer is None else layer}, head {'mean' if head is None else head}"
+    ax.set_title(f"{title}\n{what}" if title else what, fontsize="small")
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     return path

@@ -154,3 +154,44 @@ def shipped_pairs(start: int, count: int) -> list[tuple[str, str]]:
         with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
             sides.append(f.read().split("\n")[start : start + count])
     return list(zip(*sides))
+
+
+def random_run(workdir: Path, *decode: str, **model: int) -> Path:
+    """A run directory without training: a SentencePiece model (200 pieces) of the shipped
+    text, and one checkpoint (step 1) of a randomly initialised tiny model (``model`` keys
+    override its sizes; ``decode`` are ``decode.*`` overrides). Loads like a trained run."""
+    from seq2seq.config import save_config
+    from seq2seq.data.tokenizer import train_or_load
+    from seq2seq.model import build_model
+    from seq2seq.training.checkpoints import Checkpointer
+    from seq2seq.training.step import create_train_state, make_optimizer
+    from seq2seq.workdir import checkpoint_dir, config_path
+
+    texts = []
+    for lang in ("en", "es"):
+        with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            texts += f.read().split("\n")[:400]
+    workdir.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_config(None, ["tokenizer.vocab_size=200"]).tokenizer
+    vocab = train_or_load(texts, tokenizer, workdir).vocab_size
+    sizes = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1)
+    sizes.update(model)
+    config = load_config(
+        None,
+        [
+            f"workdir={workdir}",
+            "tokenizer.vocab_size=200",
+            f"model.vocab_size={vocab}",
+            "model.dropout_rate=0.0",
+            *(f"model.{k}={v}" for k, v in sizes.items()),
+            *decode,
+        ],
+    )
+    save_config(config, config_path(workdir))
+    _, state = create_train_state(build_model(config.model, 0), make_optimizer(config.train), 0)
+    ck = Checkpointer(checkpoint_dir(workdir), keep=None, async_save=False)
+    try:
+        ck.save(1, state.replace(step=jax.numpy.asarray(1, jax.numpy.int32)), {"step": 1})
+    finally:
+        ck.close()
+    return workdir
