@@ -15,6 +15,7 @@ COMMANDS = {
     "train": cli.train_main,
     "translate": cli.translate_main,
     "evaluate": cli.evaluate_main,
+    "score": cli.score_main,
     "average": cli.average_main,
     "plot": cli.plot_main,
     "params": cli.params_main,

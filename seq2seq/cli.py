@@ -1,5 +1,5 @@
 """Command-line entry points: ``seq2seq-train``, ``seq2seq-evaluate``, ``seq2seq-translate``,
-``seq2seq-average`` and ``seq2seq-plot``.
+``seq2seq-score``, ``seq2seq-average`` and ``seq2seq-plot``.
 
 The command line only wires modules together; every option maps to a config key.
 """
@@ -175,15 +175,38 @@ _DECODE_OPTIONS = {
 _SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
 
 
-def _decode_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--workdir", required=True, help="run directory written by seq2seq-train")
+class _Repeatable(argparse.Action):
+    """A repeatable option: every value in ``<dest>s`` (a list), the first in ``<dest>``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        items = [*(getattr(namespace, self.dest + "s", None) or []), values]
+        setattr(namespace, self.dest + "s", items)
+        setattr(namespace, self.dest, items[0])
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    """``--workdir`` and ``--step``, each repeatable: several make an ensemble."""
+    parser.add_argument(
+        "--workdir",
+        required=True,
+        action=_Repeatable,
+        help="run directory written by seq2seq-train; repeat it for an ensemble of the runs "
+        "(they must share the SentencePiece model(s) and decode config)",
+    )
     parser.add_argument(
         "--step",
         type=int,
-        help="checkpoint step (default: the one the run's "
-        "test score used: the best by train.best_metric, else the latest)",
+        action=_Repeatable,
+        help="checkpoint step (default: the one the run's test score used: the best by "
+        "train.best_metric, else the latest); repeat it with one --workdir for an ensemble of "
+        "that run's checkpoints, or give one per --workdir",
     )
+    parser.set_defaults(workdirs=None, steps=None)
+
+
+def _decode_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    _add_model_options(parser)
     search = parser.add_argument_group("search (defaults: the run's decode config)")
     search.add_argument("--beam", type=_positive_int, help="beam size (1 = greedy search)")
     search.add_argument("--alpha", type=_nonnegative_float, help="length-penalty exponent")
@@ -227,18 +250,50 @@ def _decode_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args) -> tuple:
-    from seq2seq.trained import load_trained
+def _members(args) -> list[tuple[str, int | None]]:
+    """The (workdir, step) of each model: one per --workdir (at its --step, one per workdir,
+    or its default), or one per --step of a single --workdir.
 
-    config, tokenizer, graphdef, params = load_trained(args.workdir, args.step)
+    Raises:
+      ValueError: several --workdir with a different number of --step.
+    """
+    workdirs = getattr(args, "workdirs", None) or [args.workdir]
+    steps = getattr(args, "steps", None) or []
+    if not steps:
+        return [(w, None) for w in workdirs]
+    if len(workdirs) == 1:
+        return [(workdirs[0], s) for s in steps]
+    if len(steps) != len(workdirs):
+        raise ValueError(
+            f"{len(workdirs)} --workdir but {len(steps)} --step: give one --step per "
+            "--workdir, none (each run's default checkpoint), or several with one --workdir"
+        )
+    return list(zip(workdirs, steps))
+
+
+def _load(args) -> tuple:
+    """(config, tokenizer, graphdef, params, decode) of one model, or of an ensemble (then
+    graphdef and params are tuples and ``args.configs`` holds every member's config)."""
+    from seq2seq import trained
+
+    members = _members(args)
     changes = {
         key: getattr(args, opt)
         for opt, key in _DECODE_OPTIONS.items()
-        if getattr(args, opt) is not None
+        if getattr(args, opt, None) is not None
     }
+    if len(members) == 1:
+        config, tokenizer, graphdef, params = trained.load_trained(*members[0])
+        args.configs = [config]
+    else:
+        configs, tokenizer, graphdef, params = trained.load_ensemble(members)
+        trained.check_same_decode(members, [replace(c.decode, **changes) for c in configs])
+        config, args.configs = configs[0], configs
     decode: DecodeConfig = replace(config.decode, **changes)
     if not decode.sampling:
-        given = [f"--{o.replace('_', '-')}" for o in _SAMPLING_ONLY if getattr(args, o) is not None]
+        given = [
+            f"--{o.replace('_', '-')}" for o in _SAMPLING_ONLY if getattr(args, o, None) is not None
+        ]
         if given:
             verb = "applies" if len(given) == 1 else "apply"
             raise ValueError(f"{', '.join(given)} only {verb} with --sampling")
@@ -263,18 +318,19 @@ def _translator(args, config, tokenizer, graphdef, params, decode):
     from seq2seq.data.pipeline import MIN_DECODE_SOURCE_LEN, decode_source_limit
     from seq2seq.translation import Translator
 
-    if args.max_src_tokens:  # a learned position table must hold the lengths decoded
-        check_position_limits(
-            replace(config, decode=decode), args.max_src_tokens, "--max-src-tokens"
-        )
-    else:
-        check_position_limits(
-            replace(config, decode=decode),
-            max(config.data.max_len, MIN_DECODE_SOURCE_LEN),
-            f"the default --max-src-tokens max(data.max_len, "
-            f"{MIN_DECODE_SOURCE_LEN}) up to model.max_len",
-            capped=True,
-        )
+    for member in getattr(args, "configs", None) or [config]:  # every model of an ensemble
+        if args.max_src_tokens:  # a learned position table must hold the lengths decoded
+            check_position_limits(
+                replace(member, decode=decode), args.max_src_tokens, "--max-src-tokens"
+            )
+        else:
+            check_position_limits(
+                replace(member, decode=decode),
+                max(config.data.max_len, MIN_DECODE_SOURCE_LEN),
+                f"the default --max-src-tokens max(data.max_len, "
+                f"{MIN_DECODE_SOURCE_LEN}) up to model.max_len",
+                capped=True,
+            )
     max_src = args.max_src_tokens or decode_source_limit(config)
     return Translator(
         graphdef,
@@ -315,6 +371,25 @@ def _alignments_path(args) -> str | int | None:
     return path
 
 
+def _format_words(scored) -> str:
+    """``piece=logprob`` of each scored piece (EOS last), space-separated (pieces hold no
+    space: SentencePiece writes it as ``▁``)."""
+    return " ".join(f"{p}={v:.4f}" for p, v in zip(scored.pieces, scored.token_logprobs))
+
+
+def _word_scores(translator, lines, results, source) -> list[list[str]]:
+    """The ``--word-scores`` field of every hypothesis: its pieces rescored by teacher forcing
+    (``Translator.score``), empty for a line that was not decoded (empty, no prefix)."""
+    pairs = [(i, j) for i, hyps in enumerate(results) for j, h in enumerate(hyps) if h.decoded]
+    scored = translator.score(
+        [lines[i] for i, _ in pairs], [results[i][j].tokens for i, j in pairs], source=source
+    )
+    words = [[""] * len(hyps) for hyps in results]
+    for (i, j), sc in zip(pairs, scored):
+        words[i][j] = _format_words(sc)
+    return words
+
+
 def translate_main(argv: Sequence[str] | None = None) -> int:
     """``seq2seq-translate --workdir DIR [--input FILE] [--output FILE]``: one sentence per line."""
     parser = _decode_parser(
@@ -341,6 +416,17 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
         "--alignments-output",
         help="alignment file (default: OUTPUT.align for hard, OUTPUT.align.jsonl for soft)",
     )
+    parser.add_argument(
+        "--prefix-file",
+        help="target prefixes, one per input line (an empty line: none): each translation "
+        "starts with its prefix's pieces, which count in its log-probability and score",
+    )
+    parser.add_argument(
+        "--word-scores",
+        action="store_true",
+        help="print the n-best format with a last field of 'piece=logprob' per output piece, "
+        "EOS included (the numbers seq2seq-score prints for that pair)",
+    )
     args = parser.parse_args(argv)
     _setup_logging()
     if args.output and not Path(args.output).parent.is_dir():  # before, not after, decoding
@@ -352,16 +438,19 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
     try:  # a file is read first (a bad path fails at once); standard input after the run loads
         if not stdin:
             lines = _read_lines(args.input)
+        prefixes = None if args.prefix_file is None else _read_lines(args.prefix_file)
         config, tokenizer, graphdef, params, decode = _load(args)
+        if align_path and isinstance(graphdef, tuple):
+            raise ValueError("--alignments needs one model, not an ensemble")
         if stdin:
             lines = _read_lines(args.input)
         translator = _translator(args, config, tokenizer, graphdef, params, decode)
+        source = args.input if args.input not in (None, "-") else "<stdin>"
+        forced = {} if prefixes is None else dict(prefixes=prefixes, prefix_source=args.prefix_file)
         results = translator.translate(
-            lines,
-            nbest=args.nbest,
-            progress=args.input not in (None, "-"),
-            source=args.input if args.input not in (None, "-") else "<stdin>",
+            lines, nbest=args.nbest, progress=args.input not in (None, "-"), source=source, **forced
         )
+        words = _word_scores(translator, lines, results, source) if args.word_scores else None
         if align_path:
             from seq2seq.alignment import alignment_lines
 
@@ -369,7 +458,13 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
             Path(align_path).write_text("".join(a + "\n" for a in aligned), encoding="utf-8")
     except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
-    if args.nbest == 1:
+    if words is not None:
+        text = "".join(
+            f"{i} ||| {h.text} ||| {h.logprob:.4f} ||| {h.score:.4f} ||| {w}\n"
+            for i, (hyps, line_words) in enumerate(zip(results, words))
+            for h, w in zip(hyps, line_words)
+        )
+    elif args.nbest == 1:
         text = "".join(hyps[0].text + "\n" for hyps in results)
     else:
         text = "".join(
@@ -449,6 +544,79 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
         f"{len(hyps)} sentences in {seconds:.1f} s ({len(hyps) / seconds:.1f} sentences/s), "
         f"{search}"
     )
+    return 0
+
+
+def score_main(argv: Sequence[str] | None = None) -> int:
+    """``seq2seq-score --workdir DIR --src FILE --tgt FILE``: log-probability of each given
+    translation under the run (teacher forcing)."""
+    parser = argparse.ArgumentParser(
+        prog="seq2seq-score",
+        description="Score given translations with a trained run (or an ensemble): one line "
+        "per pair, 'line ||| logprob ||| logprob per token ||| score', where the score is "
+        "normalised by the run's length penalty as beam search ranks hypotheses; EOS counts.",
+    )
+    _add_model_options(parser)
+    parser.add_argument("--src", required=True, help="source file, one sentence per line")
+    parser.add_argument("--tgt", required=True, help="translations, aligned with --src")
+    parser.add_argument("--output", help="output file (default: standard output)")
+    parser.add_argument(
+        "--word-scores",
+        action="store_true",
+        help="add a last field of 'piece=logprob' per target piece, EOS included",
+    )
+    parser.add_argument("--alpha", type=_nonnegative_float, help="length-penalty exponent")
+    parser.add_argument("--max-tokens", type=_positive_int, help="tokens per batch")
+    parser.add_argument(
+        "--max-src-tokens",
+        type=_positive_int,
+        help="source limit in tokens, EOS included (as seq2seq-translate)",
+    )
+    parser.add_argument(
+        "--on-long",
+        choices=("truncate", "reject"),
+        default="truncate",
+        help="truncate a longer source (warning with its line number) or reject the input",
+    )
+    args = parser.parse_args(argv)
+    _setup_logging()
+    if args.output and not Path(args.output).parent.is_dir():
+        return _fail(f"--output {args.output}: no directory {Path(args.output).parent}")
+    try:
+        sources, targets = _read_lines(args.src), _read_lines(args.tgt)
+        if len(sources) != len(targets):
+            longer, shorter = (
+                (args.src, args.tgt)
+                if len(sources) > len(targets)
+                else (
+                    args.tgt,
+                    args.src,
+                )
+            )
+            n = min(len(sources), len(targets))
+            return _fail(
+                f"{args.src} has {len(sources)} lines but {args.tgt} has {len(targets)}: "
+                f"{longer}:{n + 1} has no line in {shorter} to pair with"
+            )
+        config, tokenizer, graphdef, params, decode = _load(args)
+        translator = _translator(args, config, tokenizer, graphdef, params, decode)
+        scored = translator.score(sources, targets, source=args.src)
+    except (ValueError, OSError, RuntimeError) as e:
+        return _fail(str(e))
+    text = "".join(
+        f"{i} ||| {sc.logprob:.4f} ||| {sc.per_token:.4f} ||| {sc.score:.4f}"
+        + (f" ||| {_format_words(sc)}" if args.word_scores else "")
+        + "\n"
+        for i, sc in enumerate(scored)
+    )
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as e:
+            return _fail(str(e))
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Tools on trained run directories: load a run for translation, average checkpoints.
+"""Tools on trained run directories: load a run (or an ensemble of runs or checkpoints) for
+translation, average checkpoints.
 
 Both read a run written by ``seq2seq-train`` (the layout in ``seq2seq.workdir``) and are called
 by the command line (``seq2seq-translate``, ``seq2seq-evaluate``, ``seq2seq-average``).
@@ -6,6 +7,7 @@ by the command line (``seq2seq-translate``, ``seq2seq-evaluate``, ``seq2seq-aver
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from collections.abc import Sequence
@@ -15,8 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from seq2seq.config import Config, load_config, replace, save_config
-from seq2seq.data.tokenizer import TokenizerPair, load_pair, model_names
+from seq2seq.config import Config, DecodeConfig, load_config, replace, save_config
+from seq2seq.data.tokenizer import Tokenizer, TokenizerPair, load_pair, model_names
 from seq2seq.training.checkpoints import Checkpointer, CheckpointError
 from seq2seq.training.step import abstract_train_state
 from seq2seq.workdir import checkpoint_dir, checkpoint_steps, config_path
@@ -58,6 +60,90 @@ def load_trained(
         checkpointer.close()
     log.info("%s: the checkpoint of step %d", workdir, step)
     return config, tokenizer, graphdef, state.params
+
+
+def _member_name(workdir: str | Path, step: int | None) -> str:
+    return str(workdir) if step is None else f"{workdir} (step {step})"
+
+
+def _pieces(tokenizer: Tokenizer) -> list[str]:
+    return [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+
+
+def check_same_vocabulary(
+    first: str, first_tok: TokenizerPair, other: str, other_tok: TokenizerPair
+) -> None:
+    """Models of an ensemble read and write the same pieces: the SentencePiece models of both
+    sides must list the same pieces in the same order (which fixes the special ids too).
+
+    Raises:
+      ValueError: a side differs; the message names both runs, the side, and the first
+        differing id (or the sizes).
+    """
+    for side in ("source", "target"):
+        a, b = _pieces(getattr(first_tok, side)), _pieces(getattr(other_tok, side))
+        if a == b:
+            continue
+        if len(a) != len(b):
+            detail = f"{len(a)} vs {len(b)} pieces"
+        else:
+            i = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+            detail = f"id {i} is {a[i]!r} vs {b[i]!r}"
+        raise ValueError(
+            f"{first} and {other} do not share the {side} vocabulary ({detail}); an ensemble "
+            "needs runs trained with the same SentencePiece model(s)"
+        )
+
+
+def check_same_decode(
+    members: Sequence[tuple[str | Path, int | None]], decodes: Sequence[DecodeConfig]
+) -> None:
+    """An ensemble decodes with one setting: the members' decode configs (after the command
+    line's options) must be equal (``test_limit`` aside).
+
+    Raises:
+      ValueError: naming the first differing ``decode.*`` key, both runs and both values.
+    """
+    first = decodes[0]
+    for (workdir, step), decode in zip(members[1:], decodes[1:]):
+        for field in dataclasses.fields(DecodeConfig):
+            if field.name == "test_limit":  # the end of training's test decode, not this one
+                continue
+            a, b = getattr(first, field.name), getattr(decode, field.name)
+            if a != b:
+                raise ValueError(
+                    f"{_member_name(*members[0])} and {_member_name(workdir, step)} decode "
+                    f"differently: decode.{field.name} is {a!r} vs {b!r}; an ensemble decodes "
+                    "with one setting (set it on the command line where an option exists)"
+                )
+
+
+def load_ensemble(
+    members: Sequence[tuple[str | Path, int | None]],
+) -> tuple[list[Config], TokenizerPair, tuple[Any, ...], tuple[Any, ...]]:
+    """Load several trained models (runs, or checkpoints of one run) for ensemble decoding.
+
+    Args:
+      members: ``(workdir, step)`` of each model (step None: ``default_step``).
+
+    Returns:
+      ``(configs, tokenizer of the first, graphdefs, params)``, one entry per member: the
+      ``Translator`` decodes the tuples as a ``seq2seq.decoding.Ensemble``.
+
+    Raises:
+      ValueError: the members do not share the vocabularies (``check_same_vocabulary``).
+      FileNotFoundError, CheckpointError: as ``load_trained``.
+    """
+    loaded = [load_trained(workdir, step) for workdir, step in members]
+    first, tokenizer = _member_name(*members[0]), loaded[0][1]
+    for (workdir, step), (_, other, _, _) in zip(members[1:], loaded[1:]):
+        check_same_vocabulary(first, tokenizer, _member_name(workdir, step), other)
+    return (
+        [c for c, _, _, _ in loaded],
+        tokenizer,
+        tuple(g for _, _, g, _ in loaded),
+        tuple(p for _, _, _, p in loaded),
+    )
 
 
 def default_step(checkpointer: Checkpointer, config: Config) -> int | None:

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -34,12 +35,15 @@ from seq2seq.decoding import (
     length_penalty,
     sample_jit,
     sentence_keys,
+    target_logprobs_jit,
 )
 from seq2seq.sharding import Partitioner
 
 log = logging.getLogger(__name__)
 
 BUCKETS = (16, 32, 64, 128, 256, 512)
+# compiled searches by (search, static options, parameter layout): see ``Translator._run``
+_EXECUTABLES: dict[tuple, Any] = {}
 ON_LONG = ("truncate", "reject")
 
 
@@ -52,12 +56,39 @@ class Hypothesis:
       tokens: output ids without EOS.
       logprob: total log-probability under the model (EOS included).
       score: ``logprob / lp(|Y|)`` with the configured length penalty.
+      decoded: False for the empty hypothesis of a line that was not decoded (empty source,
+        no prefix).
     """
 
     text: str
     tokens: tuple[int, ...]
     logprob: float
     score: float
+    decoded: bool = field(default=True, compare=False)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The teacher-forced score of one given translation (``Translator.score``).
+
+    Attributes:
+      tokens: target ids without EOS.
+      pieces: the SentencePiece piece of each scored token, EOS (``</s>``) last.
+      token_logprobs: ``log p(y_t | y_<t, x)`` of each piece, EOS last.
+      logprob: their sum.
+      score: ``logprob / lp(|Y|)``, the length-normalised score beam search ranks by.
+    """
+
+    tokens: tuple[int, ...]
+    pieces: tuple[str, ...]
+    token_logprobs: tuple[float, ...]
+    logprob: float
+    score: float
+
+    @property
+    def per_token(self) -> float:
+        """``logprob / |Y|`` (EOS counted)."""
+        return self.logprob / len(self.token_logprobs)
 
 
 def bucket_length(n: int, max_len: int) -> int:
@@ -105,7 +136,9 @@ class Translator:
     """Translation of raw sentences with a trained model.
 
     Args:
-      graphdef, params: the model split by ``nnx.split(model, nnx.Param)``.
+      graphdef, params: the model split by ``nnx.split(model, nnx.Param)``; or tuples of
+        them, one entry per model, for an ensemble (``seq2seq.decoding.Ensemble``: the models
+        must share ``tokenizer``'s vocabularies).
       tokenizer: the run's SentencePiece tokenizer (gives PAD/BOS/EOS ids).
       config: decoding options (search, α, length limits, sampling, token budget).
       max_src_len: source limit in tokens, EOS included (≥ 2).
@@ -142,7 +175,6 @@ class Translator:
         self.partitioner = partitioner or Partitioner.single_device()
         self._param_shardings = self.partitioner.shardings(params)
         self.params = self.partitioner.place(params)
-        self._compiled: dict[tuple, Any] = {}  # one executable per search and its options
 
     def translate(
         self,
@@ -151,6 +183,8 @@ class Translator:
         nbest: int = 1,
         progress: bool = False,
         source: str | None = None,
+        prefixes: Sequence[str] | None = None,
+        prefix_source: str | None = None,
     ) -> list[list[Hypothesis]]:
         """Translate ``lines`` (one sentence each), returning results in input order.
 
@@ -161,45 +195,37 @@ class Translator:
           progress: show a progress bar (stderr).
           source: the file ``lines`` come from, named with the line in the messages about
             long lines (``file:line``).
+          prefixes: one target prefix per line (None: none), SentencePiece-encoded without
+            EOS; each translation starts with its prefix's pieces, which count in its
+            logprob and score (``seq2seq.decoding``, "Target prefix"). An empty prefix forces
+            nothing.
+          prefix_source: the file ``prefixes`` come from, named in the messages.
 
         Returns:
           One list per line with up to ``nbest`` hypotheses (fewer only if fewer exist, e.g.
-          with a maximum output length of 1); an empty or all-whitespace line gives exactly one
-          empty hypothesis with logprob and score 0.
+          with a maximum output length of 1); an empty or all-whitespace line without a prefix
+          gives exactly one empty hypothesis with logprob and score 0.
 
         Raises:
-          ValueError: ``nbest`` out of range, or ``on_long="reject"`` and a line has more than
-            ``max_src_len`` tokens (the message names the lines).
+          ValueError: ``nbest`` out of range, ``on_long="reject"`` and a line has more than
+            ``max_src_len`` tokens (the message names the lines), ``prefixes`` not one per
+            line, or a prefix that leaves no room for EOS within its line's output limit
+            (``decode.max_len_a``·|x| + ``decode.max_len_b``; the message names the line).
         """
-        cfg, tok = self.config, self.tokenizer
+        cfg = self.config
         limit = cfg.beam_size if not cfg.sampling else None
         if nbest < 1 or (limit is not None and nbest > limit):
             raise ValueError(f"nbest={nbest} must be between 1 and the beam size {cfg.beam_size}")
-        ids = tok.encode(list(lines))
-        results: list[list[Hypothesis]] = [[Hypothesis("", (), 0.0, 0.0)] for _ in lines]
-        todo, too_long = [], []
+        prefix_ids = self._prefix_ids(lines, prefixes, prefix_source)
+        ids = self._source_ids(lines, source)
+        results = [[Hypothesis("", (), 0.0, 0.0, decoded=False)] for _ in lines]
+        todo = []
         for i, (line, x) in enumerate(zip(lines, ids)):
-            if not line.strip():
+            if not line.strip() and (prefix_ids is None or not len(prefix_ids[i])):
                 continue
-            if len(x) > self.max_src_len:
-                too_long.append((i, len(x)))
-                if self.on_long == "truncate":
-                    log.warning(
-                        "%s: %d tokens, truncated to %d",
-                        f"{source}:{i + 1}" if source else f"line {i + 1}",
-                        len(x),
-                        self.max_src_len,
-                    )
-                    x = np.concatenate([x[: self.max_src_len - 1], [tok.eos_id]]).astype(np.int32)
+            if prefix_ids is not None:
+                self._check_prefix(len(x), len(prefix_ids[i]), i, prefix_source)
             todo.append((len(x), i, x))
-        if too_long and self.on_long == "reject":
-            named = ", ".join(f"line {i + 1} ({n} tokens)" for i, n in too_long[:10])
-            more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
-            raise ValueError(
-                f"{source + ': ' if source else ''}{len(too_long)} line(s) "
-                "longer than the limit of "
-                f"{self.max_src_len} tokens: {named}{more}"
-            )
         todo.sort(key=lambda t: (t[0], t[1]))
         shards = self.partitioner.batch_shards  # whole rows per device
         bar = tqdm(total=len(todo), desc="translate", unit="sent", disable=not progress)
@@ -212,26 +238,89 @@ class Translator:
             # the full budget, or the next power of two for a smaller (last) chunk
             rows = min(budget, 1 << (len(chunk) - 1).bit_length())
             rows = -(-rows // shards) * shards
-            self._decode_chunk(chunk, width, rows, nbest, results)
+            self._decode_chunk(chunk, width, rows, nbest, results, prefix_ids)
             bar.update(len(chunk))
         bar.close()
         return results
 
+    def _source_ids(self, lines: Sequence[str], source: str | None) -> list[np.ndarray]:
+        """Source ids of each line (EOS last), longer ones truncated (with a warning) or
+        rejected as ``on_long`` says."""
+        tok = self.tokenizer
+        ids = tok.encode(list(lines))
+        too_long = []
+        for i, x in enumerate(ids):
+            if len(x) > self.max_src_len:
+                too_long.append((i, len(x)))
+                if self.on_long == "truncate":
+                    log.warning(
+                        "%s: %d tokens, truncated to %d",
+                        f"{source}:{i + 1}" if source else f"line {i + 1}",
+                        len(x),
+                        self.max_src_len,
+                    )
+                    keep = x[: self.max_src_len - 1]
+                    ids[i] = np.concatenate([keep, [tok.eos_id]]).astype(np.int32)
+        if too_long and self.on_long == "reject":
+            named = ", ".join(f"line {i + 1} ({n} tokens)" for i, n in too_long[:10])
+            more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
+            raise ValueError(
+                f"{source + ': ' if source else ''}{len(too_long)} line(s) "
+                "longer than the limit of "
+                f"{self.max_src_len} tokens: {named}{more}"
+            )
+        return ids
+
+    def _target_encode(self, texts: Sequence[str], *, add_eos: bool) -> list[np.ndarray]:
+        target = self.tokenizer.target if isinstance(self.tokenizer, TokenizerPair) else None
+        return (target or self.tokenizer).encode(list(texts), add_eos=add_eos)
+
+    def _prefix_ids(
+        self, lines: Sequence[str], prefixes: Sequence[str] | None, prefix_source: str | None
+    ) -> list[np.ndarray] | None:
+        if prefixes is None:
+            return None
+        if len(prefixes) != len(lines):
+            raise ValueError(
+                f"{prefix_source or 'the prefixes'} has {len(prefixes)} line(s) but the input "
+                f"has {len(lines)}; give one prefix per input line (an empty line: no prefix)"
+            )
+        return self._target_encode(prefixes, add_eos=False)
+
+    def _check_prefix(self, n: int, p: int, i: int, prefix_source: str | None) -> None:
+        """A prefix of ``p`` tokens must leave room for EOS in the output limit of line ``i``
+        (source of ``n`` tokens), as ``_decode_chunk`` computes it."""
+        cfg = self.config
+        width = bucket_length(n, self.max_src_len)
+        limit = min(
+            int(np.ceil(cfg.max_len_a * n + cfg.max_len_b)),
+            int(cfg.max_len_a * width + cfg.max_len_b),
+        )
+        if p + 1 > limit:
+            where = f"{prefix_source}:{i + 1}" if prefix_source else f"prefix of line {i + 1}"
+            raise ValueError(
+                f"{where}: the prefix has {p} tokens, but the output of that line is limited to "
+                f"{limit} tokens with EOS (decode.max_len_a={cfg.max_len_a} · {n} source tokens "
+                f"+ decode.max_len_b={cfg.max_len_b}); shorten the prefix or raise the limit"
+            )
+
     def _run(self, search, inputs: list[np.ndarray], **static):
         """``search(params, *inputs, **static)`` on the partitioner's mesh, compiled once per
-        search and options (and input shape)."""
-        key = (search, tuple(sorted(static.items())))
-        if key not in self._compiled:
+        search, options, parameter layout and input shape (shared by every ``Translator`` of
+        the process: another run or checkpoint of the same model reuses the executables)."""
+        shardings = jax.tree.flatten(self._param_shardings)
+        key = (search, tuple(sorted(static.items())), shardings[1], tuple(shardings[0]))
+        if key not in _EXECUTABLES:
             layout = self.partitioner.compute_layout(self._param_shardings)
 
             def decode(params, rows):  # parameters gathered over fsdp once, not in every step
                 return search(jax.lax.with_sharding_constraint(params, layout), *rows, **static)
 
-            self._compiled[key] = self.partitioner.jit(decode, self._param_shardings)
+            _EXECUTABLES[key] = self.partitioner.jit(decode, self._param_shardings)
         placed = self.partitioner.shard_batch(dict(enumerate(inputs)))
-        return self._compiled[key](self.params, tuple(placed.values()))
+        return _EXECUTABLES[key](self.params, tuple(placed.values()))
 
-    def _decode_chunk(self, chunk, width, rows, nbest, results):
+    def _decode_chunk(self, chunk, width, rows, nbest, results, prefix_ids=None):
         cfg, tok = self.config, self.tokenizer
         src = np.full((rows, width), tok.pad_id, np.int32)
         lengths = np.zeros((rows,), np.int32)
@@ -243,6 +332,11 @@ class Translator:
         max_len = int(cfg.max_len_a * width + cfg.max_len_b)
         max_lengths = np.minimum(np.ceil(cfg.max_len_a * lengths + cfg.max_len_b), max_len)
         inputs = [src, (src != tok.pad_id).astype(np.int32), max_lengths.astype(np.int32)]
+        prefix = None
+        if prefix_ids is not None:  # [rows, max_len]: no new shape, PAD after each prefix
+            prefix = np.full((rows, max_len), tok.pad_id, np.int32)
+            for r, (_, i, _) in enumerate(chunk):
+                prefix[r, : len(prefix_ids[i])] = prefix_ids[i]
         common = dict(
             graphdef=self.graphdef,
             max_len=max_len,
@@ -255,6 +349,7 @@ class Translator:
         scoring = dict(alpha=cfg.alpha, length_penalty_kind=cfg.length_penalty)
         if cfg.sampling:
             inputs.append(np.asarray(sentence_keys(cfg.seed, line_ids)))
+            inputs += [] if prefix is None else [prefix]
             out = self._run(
                 sample_jit,
                 inputs,
@@ -268,12 +363,14 @@ class Translator:
             tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
             logprobs, scores = np.asarray(out.logprobs), np.asarray(out.scores)
         elif cfg.beam_size == 1:
+            inputs += [] if prefix is None else [prefix]
             out_tokens, out_logp = self._run(greedy_search_jit, inputs, **common)
             tokens = np.asarray(out_tokens)[:, None]
             lens = (tokens != tok.pad_id).sum(-1)
             logprobs = np.asarray(out_logp)[:, None]
             scores = logprobs / np.asarray(length_penalty(lens, cfg.alpha, cfg.length_penalty))
         else:
+            inputs += [] if prefix is None else [prefix]
             out = self._run(beam_search_jit, inputs, beam_size=cfg.beam_size, **common, **scoring)
             tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
             logprobs, scores = np.asarray(out.logprobs), np.asarray(out.scores)
@@ -289,3 +386,93 @@ class Translator:
                     )
                 )
             results[i] = hyps
+
+    def score(
+        self,
+        sources: Sequence[str],
+        targets: Sequence[str | Sequence[int]],
+        *,
+        source: str | None = None,
+    ) -> list[Scored]:
+        """Teacher-forced log-probabilities of given translations, in input order.
+
+        The forward pass of the training loss (``seq2seq.decoding.target_logprobs``), batched
+        like ``translate``: ``-Σ token_logprobs / Σ |Y|`` over a set is the unsmoothed eval
+        loss on those pairs, and the ``logprob``/``score`` of a hypothesis equal the search's.
+        An ensemble scores under the mixture of its models.
+
+        Args:
+          sources: source sentences (long ones truncated or rejected as in ``translate``).
+          targets: one translation per source: text (SentencePiece-encoded with EOS) or
+            target ids without EOS (e.g. ``Hypothesis.tokens``).
+          source: the file ``sources`` come from, for the messages.
+
+        Returns:
+          one ``Scored`` per pair.
+
+        Raises:
+          ValueError: ``sources`` and ``targets`` differ in length, or ``on_long="reject"``
+            and a source is too long.
+        """
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        cfg, tok = self.config, self.tokenizer
+        src_ids = self._source_ids(sources, source)
+        texts = {i: t for i, t in enumerate(targets) if isinstance(t, str)}
+        encoded = dict(zip(texts, self._target_encode(list(texts.values()), add_eos=True)))
+        tgt_ids = [
+            encoded[i] if i in encoded else np.asarray([*t, tok.eos_id], np.int32)
+            for i, t in enumerate(targets)
+        ]
+
+        def width(n: int) -> int:  # buckets as for sources, beyond them the length itself
+            return next((b for b in BUCKETS if n <= b), n)
+
+        todo = sorted(
+            range(len(sources)),
+            key=lambda i: (width(len(src_ids[i])), width(len(tgt_ids[i])), i),
+        )
+        target = tok.target if isinstance(tok, TokenizerPair) else tok
+        out: list[Scored | None] = [None] * len(sources)
+        shards = self.partitioner.batch_shards
+        start = 0
+        while start < len(todo):
+            first = todo[start]
+            sw, tw = width(len(src_ids[first])), width(len(tgt_ids[first]))
+            budget = max(1, cfg.max_tokens // max(sw, tw))
+            chunk = [
+                i
+                for i in todo[start : start + budget]
+                if (width(len(src_ids[i])), width(len(tgt_ids[i]))) == (sw, tw)
+            ]
+            start += len(chunk)
+            rows = min(budget, 1 << (len(chunk) - 1).bit_length())
+            rows = -(-rows // shards) * shards
+            src = np.full((rows, sw), tok.pad_id, np.int32)
+            tgt = np.full((rows, tw), tok.pad_id, np.int32)
+            for r, i in enumerate(chunk):
+                src[r, : len(src_ids[i])] = src_ids[i]
+                tgt[r, : len(tgt_ids[i])] = tgt_ids[i]
+            tgt_segments = np.zeros((rows, tw), np.int32)
+            for r, i in enumerate(chunk):
+                tgt_segments[r, : len(tgt_ids[i])] = 1
+            inputs = [src, (src != tok.pad_id).astype(np.int32), tgt, tgt_segments]
+            logp = np.asarray(
+                self._run(target_logprobs_jit, inputs, graphdef=self.graphdef, bos_id=tok.bos_id),
+                np.float64,
+            )
+            lengths = jnp.asarray([len(tgt_ids[i]) for i in chunk])
+            lps = np.asarray(length_penalty(lengths, cfg.alpha, cfg.length_penalty), np.float64)
+            for r, i in enumerate(chunk):
+                y = tgt_ids[i]
+                values = tuple(float(v) for v in logp[r, : len(y)])
+                total = float(np.sum(logp[r, : len(y)]))
+                lp = float(lps[r])
+                out[i] = Scored(
+                    tokens=tuple(int(t) for t in y[:-1]),
+                    pieces=tuple(target.sp.id_to_piece(int(t)) for t in y),
+                    token_logprobs=values,
+                    logprob=total,
+                    score=total / lp,
+                )
+        return [s for s in out if s is not None]

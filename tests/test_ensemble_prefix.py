@@ -15,7 +15,6 @@ from seq2seq.decoding import (
     beam_search,
     beam_search_jit,
     greedy_search,
-    greedy_search_jit,
     length_penalty,
     sample,
 )
@@ -84,7 +83,7 @@ def prefix_array(prefixes, width=LENGTH):
     return jnp.asarray(out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def toy(seed):
     return TableDecoder(seed)
 
@@ -176,6 +175,7 @@ def test_prefix_greedy_and_sampling_start_with_it_and_score_it():
         )
 
 
+@pytest.mark.slow  # ~15 s of compiling; the translate command checks the same to print precision
 def test_an_ensemble_of_a_model_with_itself_is_the_model():
     """Through the jitted searches on the tiny Transformer ((graphdef, params) tuples)."""
     graphdef, params = tiny_model(seed=3, scale=2.0, eos_bias=2.0)
@@ -189,12 +189,6 @@ def test_an_ensemble_of_a_model_with_itself_is_the_model():
     assert hypotheses(one.tokens, one.lengths) == hypotheses(two.tokens, two.lengths)
     np.testing.assert_allclose(np.asarray(one.scores), np.asarray(two.scores), atol=1e-5)
     np.testing.assert_allclose(np.asarray(one.logprobs), np.asarray(two.logprobs), atol=1e-5)
-    g1 = greedy_search_jit(params, src, segs, limits, graphdef=graphdef, max_len=MAX_LEN, **IDS)
-    g2 = greedy_search_jit(
-        (params, params), src, segs, limits, graphdef=(graphdef, graphdef), max_len=MAX_LEN, **IDS
-    )
-    np.testing.assert_array_equal(np.asarray(g1[0]), np.asarray(g2[0]))
-    np.testing.assert_allclose(np.asarray(g1[1]), np.asarray(g2[1]), atol=1e-5)
 
 
 def test_an_ensemble_needs_a_model():
