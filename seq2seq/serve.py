@@ -6,7 +6,9 @@ Routes:
   "format": "text", "alternatives": k}`` answered ``{"translatedText": str | [str]}`` (with
   ``k > 0`` also ``"alternatives"``, the next k texts, and ``"nbest"``, the k + 1 hypotheses
   with ``text``, ``logprob`` and ``score``); or a plain body ``{"text": str | [str],
-  "nbest": n}`` answered ``{"translations": [{"text", "logprob", "score", "nbest"}]}``; or
+  "nbest": n, "prefix": str | [str]}`` (``prefix`` optional: the first words of each
+  translation, as ``seq2seq-translate --prefix-file``) answered ``{"translations": [{"text",
+  "logprob", "score", "nbest"}]}``; or
   ``text/plain``, one sentence per line, answered in kind.
 * ``POST /attention``: ``{"q": str, "alternatives": k}`` → the source pieces and, per
   hypothesis, its target pieces, cross-attention ``[layers, heads, T, S]`` and hard alignment
@@ -76,6 +78,7 @@ class _Job:
     lines: list[str]
     nbest: int
     attention: bool
+    prefixes: list[str] | None = None  # one target prefix per line (None: none)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -101,10 +104,17 @@ class Batcher:
         self._thread = threading.Thread(target=self._work, name="seq2seq-decoder", daemon=True)
         self._thread.start()
 
-    def submit(self, lines: list[str], nbest: int = 1, attention: bool = False):
-        """Queue ``lines``; the future gives ``list[list[Hypothesis]]`` in order (and, with
-        ``attention``, ``(hypotheses, [[Attention per hypothesis] per line])``)."""
-        job = _Job(list(lines), nbest, attention)
+    def submit(
+        self,
+        lines: list[str],
+        nbest: int = 1,
+        attention: bool = False,
+        prefixes: list[str] | None = None,
+    ):
+        """Queue ``lines`` (with one target prefix per line, or None); the future gives
+        ``list[list[Hypothesis]]`` in order (and, with ``attention``, ``(hypotheses,
+        [[Attention per hypothesis] per line])``)."""
+        job = _Job(list(lines), nbest, attention, prefixes)
         self._queue.put(job)
         return job.future
 
@@ -146,7 +156,10 @@ class Batcher:
             return
         lines = [line for job in jobs for line in job.lines]
         try:
-            results = self.translator.translate(lines, nbest=max(j.nbest for j in jobs))
+            forced = {}  # prefixes only when a request has some: no prefix, no forcing
+            if any(j.prefixes is not None for j in jobs):
+                forced["prefixes"] = [p for j in jobs for p in (j.prefixes or [""] * len(j.lines))]
+            results = self.translator.translate(lines, nbest=max(j.nbest for j in jobs), **forced)
             self.decode_calls += 1
             start, outputs = 0, []
             for job in jobs:
@@ -270,8 +283,30 @@ class Service:
                     "tokens per sentence",
                 )
 
-    async def decode(self, lines: list[str], nbest: int, attention: bool = False):
-        return await asyncio.wrap_future(self.batcher.submit(lines, nbest, attention))
+    def check_prefixes(self, payload: dict, lines: list[str], single: bool) -> list[str] | None:
+        """The optional ``prefix`` of a ``text`` request: a string (one sentence) or one string
+        per sentence, checked as ``seq2seq-translate --prefix-file`` checks them."""
+        if "prefix" not in payload:
+            return None
+        value = payload["prefix"]
+        prefixes = [value] if single and isinstance(value, str) else value
+        if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
+            what = "a string" if single else "a list of strings, one per sentence"
+            raise RequestError(422, f"'prefix' must be {what}, got {_type_name(value)}")
+        try:
+            self.translator.check_prefixes(lines, prefixes, "'prefix'")
+        except ValueError as e:
+            raise RequestError(422, str(e)) from None
+        return prefixes
+
+    async def decode(
+        self,
+        lines: list[str],
+        nbest: int,
+        attention: bool = False,
+        prefixes: list[str] | None = None,
+    ):
+        return await asyncio.wrap_future(self.batcher.submit(lines, nbest, attention, prefixes))
 
     # -- routes ------------------------------------------------------------------------------
     async def payload(self, request: Request) -> Any:
@@ -320,10 +355,11 @@ class Service:
                 out["alternatives"] = alts[0] if single else alts
                 out["nbest"] = nbest[0] if single else nbest
             return JSONResponse(out)
-        lines, _ = _sentences(payload, "text")
+        lines, single = _sentences(payload, "text")
         n = _count(payload, "nbest", 1, 1, top, "the beam size")
         self.check_lines(lines)
-        hyps = await self.decode(lines, n)
+        prefixes = self.check_prefixes(payload, lines, single)
+        hyps = await self.decode(lines, n, prefixes=prefixes)
         return JSONResponse(
             {
                 "translations": [

@@ -216,15 +216,15 @@ class Translator:
         limit = cfg.beam_size if not cfg.sampling else None
         if nbest < 1 or (limit is not None and nbest > limit):
             raise ValueError(f"nbest={nbest} must be between 1 and the beam size {cfg.beam_size}")
-        prefix_ids = self._prefix_ids(lines, prefixes, prefix_source)
+        prefix_ids = (
+            None if prefixes is None else self.check_prefixes(lines, prefixes, prefix_source)
+        )
         ids = self._source_ids(lines, source)
         results = [[Hypothesis("", (), 0.0, 0.0, decoded=False)] for _ in lines]
         todo = []
         for i, (line, x) in enumerate(zip(lines, ids)):
             if not line.strip() and (prefix_ids is None or not len(prefix_ids[i])):
                 continue
-            if prefix_ids is not None:
-                self._check_prefix(len(x), len(prefix_ids[i]), i, prefix_source)
             todo.append((len(x), i, x))
         todo.sort(key=lambda t: (t[0], t[1]))
         shards = self.partitioner.batch_shards  # whole rows per device
@@ -275,17 +275,27 @@ class Translator:
         target = self.tokenizer.target if isinstance(self.tokenizer, TokenizerPair) else None
         return (target or self.tokenizer).encode(list(texts), add_eos=add_eos)
 
-    def _prefix_ids(
-        self, lines: Sequence[str], prefixes: Sequence[str] | None, prefix_source: str | None
-    ) -> list[np.ndarray] | None:
-        if prefixes is None:
-            return None
+    def check_prefixes(
+        self, lines: Sequence[str], prefixes: Sequence[str], prefix_source: str | None = None
+    ) -> list[np.ndarray]:
+        """Target ids (int32, no EOS) of the prefix of each line, checked as ``translate``
+        checks them (before any decoding, e.g. per request in a server).
+
+        Raises:
+          ValueError: not one prefix per line, or a prefix that leaves no room for EOS in its
+            line's output limit (the message names ``prefix_source:line``).
+        """
         if len(prefixes) != len(lines):
             raise ValueError(
                 f"{prefix_source or 'the prefixes'} has {len(prefixes)} line(s) but the input "
                 f"has {len(lines)}; give one prefix per input line (an empty line: no prefix)"
             )
-        return self._target_encode(prefixes, add_eos=False)
+        ids = self._target_encode(prefixes, add_eos=False)
+        sources = self.tokenizer.encode(list(lines))
+        for i, (x, p) in enumerate(zip(sources, ids)):
+            if len(p):
+                self._check_prefix(min(len(x), self.max_src_len), len(p), i, prefix_source)
+        return ids
 
     def _check_prefix(self, n: int, p: int, i: int, prefix_source: str | None) -> None:
         """A prefix of ``p`` tokens must leave room for EOS in the output limit of line ``i``

@@ -190,6 +190,29 @@ def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server, body, statu
     assert _get(url + "/health")[0] == 200
 
 
+def test_translate_with_a_target_prefix(server, translator):
+    """``prefix`` in a ``text`` body: the translator's prefixed n-best; bad ones are 422."""
+    url, _ = server
+    prefixes = ["Él", "", "No"]
+    ref = translator.translate(SHORT, nbest=2, prefixes=prefixes)
+    status, out = _request(url + "/translate", {"text": SHORT, "nbest": 2, "prefix": prefixes})
+    assert status == 200
+    for got, hs, prefix in zip(out["translations"], ref, prefixes):
+        assert [g["text"] for g in got["nbest"]] == [h.text for h in hs]
+        assert all(g["text"].startswith(prefix) for g in got["nbest"])
+    free = translator.translate(SHORT[1:2], nbest=2)  # an empty prefix forces nothing
+    assert [h.text for h in ref[1]] == [h.text for h in free[0]]
+    status, out = _request(url + "/translate", {"text": SHORT[0], "prefix": "Él"})
+    assert status == 200 and out["translations"][0]["text"] == ref[0][0].text
+    for prefix, message in (
+        (["Él"], "'prefix' has 1 line(s) but the input has 3"),
+        ("Él", "'prefix' must be a list of strings, one per sentence, got a string"),
+        (["", "", "uno dos tres cuatro cinco seis siete ocho"], "'prefix':3: the prefix has"),
+    ):
+        status, out = _request(url + "/translate", {"text": SHORT, "prefix": prefix})
+        assert status == 422 and message in out["error"], out
+
+
 def test_unknown_routes_methods_and_attention_requests(server, translator):
     url, _ = server
     assert _get(url + "/nope") == (404, {"error": "GET /nope: Not Found"})
