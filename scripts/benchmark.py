@@ -23,6 +23,11 @@ Sections (``--only``, comma-separated; default all):
 * ``attention``: compiled temporary memory of one attention layer forward+backward against
   sequence length, default path versus a query-chunked path (O(n²) versus O(n)).
 
+``--long`` runs the long-input benchmark of ``model.attention`` instead (dense against chunked
+at n = 1k … 32k: memory_analysis, peak RSS and time of one attention layer and of a whole
+train step, the notes' table, the curve; ``scripts/long_inputs.py``, whose options follow
+``--long``; see its docstring).
+
 ``--smoke`` shrinks everything (tiny model, a corpus subset, 2 steps, a few sentences) so the
 whole script runs in under a minute on 2 CPU cores; it checks that the script works, not speed.
 
@@ -1426,6 +1431,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tiny shapes, 2 steps, a few sentences: checks that the script runs",
     )
     p.add_argument("--out", default=None, help="write the figures as JSON to this file")
+    p.add_argument(
+        "--long",
+        action="store_true",
+        help="the long-input benchmark instead (scripts/long_inputs.py; its options follow)",
+    )
     p.add_argument("--memory-child", choices=("train", "decode"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
 
@@ -1468,6 +1478,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    raw = sys.argv[1:] if argv is None else argv
+    if "--long" in raw:  # the long-input section has its own options (scripts/long_inputs.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import long_inputs
+
+        return long_inputs.main([a for a in raw if a != "--long"])
     args = parse_args(argv)
     tmp = None
     if args.cache_dir is None:

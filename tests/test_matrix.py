@@ -35,6 +35,7 @@ CHAINS: dict[str, dict] = {
         "model.activation": "relu",
         "model.share_embeddings": "all",
         "model.dtype": "float32",
+        "model.attention": "dense",
         "tokenizer.joint": True,
         "tokenizer.model_type": "unigram",
         "format": "text",
@@ -198,6 +199,17 @@ CHAINS: dict[str, dict] = {
         "model.activation": "relu",
         "format": "hub",
         "ready_models": True,
+    },
+    # blockwise attention (rows of 32 in blocks of 8 queries and 12 keys: a remainder); its
+    # values equal dense's (tests/test_attention.py), here it runs through the entry point
+    "rope-chunked": {
+        "light": True,
+        "model.positions": "rope",
+        "model.dtype": "bfloat16",
+        "model.attention": "chunked",
+        "model.attention_q_block": 8,
+        "model.attention_kv_block": 12,
+        "format": "text",
     },
 }
 

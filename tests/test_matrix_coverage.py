@@ -6,7 +6,7 @@ import re
 from test_matrix import CHAINS
 from tiny_run import ROOT
 
-from seq2seq.config import MODEL_CHOICES
+from seq2seq.config import GPU_ONLY_CHOICES, MODEL_CHOICES
 from seq2seq.data.sources import FORMATS
 from seq2seq.data.tokenizer import MODEL_TYPES, NORMALIZATIONS
 from seq2seq.translation import LENGTH_PENALTIES
@@ -27,9 +27,14 @@ def _values(key):
     }
 
 
+GPU_ONLY = {f"model.{k}": v for k, v in GPU_ONLY_CHOICES.items()}
+
+
 def test_matrix_covers_every_choice():
     for key, choices in CHOICES.items():
-        assert set(choices) <= _values(key), key
+        # a GPU-only choice cannot run on the CPU matrix: its refusal there is tested instead
+        # (tests/test_attention.py), and the README must call it GPU-only
+        assert set(choices) - set(GPU_ONLY.get(key, ())) <= _values(key), key
     assert set(FORMATS) <= _values("format")
     assert {"true", "false"} <= _values("tokenizer.joint")
     assert "true" in _values("tokenizer.byte_fallback") and "true" in _values("decode.allow_unk")
@@ -51,5 +56,8 @@ def test_readme_lists_the_choices_the_code_has():
     for key, choices in CHOICES.items():
         name = key.split(".")[1]
         assert f"`{name}` ({'/'.join(choices)})" in readme, key
+    for key, choices in GPU_ONLY.items():
+        for choice in choices:
+            assert f"`{choice}` is GPU-only" in readme, key
     formats = re.search(r"per-split sources \(([^)]*)\)", readme).group(1)
     assert re.findall(r"`(\w+)`", formats) == list(FORMATS)

@@ -18,6 +18,7 @@ import numpy as np
 
 from seq2seq.config import Config, ConfigError, replace
 from seq2seq.data.batching import PackedBatches
+from seq2seq.data.documents import concat_pairs
 from seq2seq.data.sources import load_parallel, overlap_report
 from seq2seq.data.token_cache import encode_cached
 from seq2seq.data.tokenizer import Tokenizer, TokenizerPair, check_options, train_or_load_pair
@@ -202,7 +203,8 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
     (counted); no dev or test pair is dropped.
 
     ``stats`` holds: ``train_pairs_read``, ``train_pairs`` (kept),
-    ``train_pairs_dropped_length``, ``train_pairs_dropped_ratio``, ``dev_pairs``,
+    ``train_pairs_dropped_length``, ``train_pairs_dropped_ratio``, ``train_documents``
+    (with ``data.concat_pairs_to_tokens``: the pseudo-documents the kept pairs make), ``dev_pairs``,
     ``dev_pairs_truncated``, ``test_pairs``, ``test_sources_truncated``,
     ``dev_sources_in_train`` / ``test_sources_in_train`` (overlap), ``train_real_token_share``
     (epoch 0, in [0, 1]), ``read_seconds``, ``tokenizer_seconds`` (train or load the models),
@@ -264,6 +266,9 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
         )
     src = [src[i] for i in keep]
     tgt = [tgt[i] for i in keep]
+    if d.concat_pairs_to_tokens > 0:  # pseudo-documents (long inputs)
+        src, tgt = concat_pairs(src, tgt, d.concat_pairs_to_tokens, tokenizer.eos_id)
+        stats["train_documents"] = len(src)
     rows = max(1, d.max_tokens // d.max_len)
     train_batches = PackedBatches(
         src, tgt, max_len=d.max_len, rows=rows, seed=config.train.seed, packing=d.packing
