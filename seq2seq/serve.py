@@ -156,10 +156,12 @@ class Batcher:
             return
         lines = [line for job in jobs for line in job.lines]
         try:
-            forced = {}  # prefixes only when a request has some: no prefix, no forcing
+            prefixes = None  # prefixes only when a request has some: no prefix, no forcing
             if any(j.prefixes is not None for j in jobs):
-                forced["prefixes"] = [p for j in jobs for p in (j.prefixes or [""] * len(j.lines))]
-            results = self.translator.translate(lines, nbest=max(j.nbest for j in jobs), **forced)
+                prefixes = [p for j in jobs for p in (j.prefixes or [""] * len(j.lines))]
+            results = self.translator.translate(
+                lines, nbest=max(j.nbest for j in jobs), prefixes=prefixes
+            )
             self.decode_calls += 1
             start, outputs = 0, []
             for job in jobs:
@@ -181,6 +183,33 @@ class Batcher:
             for job in jobs:
                 if not job.future.done():
                     job.future.set_exception(e)
+
+
+def warm_up(translator: Translator, max_batch: int, max_width: int = 64) -> int:
+    """Compile the searches the server will run: for each width bucket up to ``max_width``
+    tokens, batches of 1, 2, 4, ... rows up to ``max_batch`` (or the token budget).
+
+    Every new (rows, width) shape is compiled when it first comes, which can take seconds; a
+    warmed-up server answers its first requests at its usual speed. Returns the number of
+    batches decoded.
+    """
+    from seq2seq.translation import BUCKETS
+
+    tok, cfg, count = translator.tokenizer, translator.config, 0
+    for low, width in zip((0, *BUCKETS), BUCKETS):
+        if width > min(max_width, translator.max_src_len):
+            break
+        words = 1
+        while len(tok.encode(["hello " * words])[0]) <= low:  # a sentence in this bucket
+            words += 1
+        sentence = "hello " * words
+        if len(tok.encode([sentence])[0]) > width:
+            continue
+        rows = 1
+        while rows <= min(max_batch, max(1, cfg.max_tokens // width)):
+            translator.translate([sentence] * rows)
+            count, rows = count + 1, rows * 2
+    return count
 
 
 def _error(status: int, message: str) -> JSONResponse:
