@@ -232,3 +232,23 @@ def test_bad_attention_settings_name_the_key(tmp_path, override, message):
 
     with pytest.raises(ConfigError, match=message):
         check_run_config(load_config(None, [f"workdir={tmp_path}", override]))
+
+
+def test_attention_weights_of_a_chunked_model_come_from_the_dense_path():
+    """Inspection (``Transformer.attention_weights``, sown weights) needs the whole matrix:
+    under ``chunked`` it takes the dense path and gives dense's weights and logits."""
+    config = dict(positions="alibi", num_encoder_layers=1, num_decoder_layers=1)
+    dense = build_model(tiny_config(**config), seed=4)
+    chunked = build_model(
+        tiny_config(**config, attention="chunked", attention_q_block=4, attention_kv_block=4),
+        seed=4,
+    )
+    batch, _ = packed_batch(*random_pairs(6, np.random.default_rng(6)), 10, 6)
+    want, got = (
+        dense.attention_weights(batch, bos_id=BOS),
+        chunked.attention_weights(batch, bos_id=BOS),
+    )
+    for name in ("encoder", "decoder", "cross", "logits"):
+        np.testing.assert_allclose(got[name], want[name], atol=1e-5, err_msg=name)
+    # the plain forward pass (chunked) agrees with the dense one as well
+    np.testing.assert_allclose(chunked(batch, bos_id=BOS), want["logits"], atol=1e-5)
