@@ -32,9 +32,11 @@ class TableDecoder:
     through the search's mask, so a wrong history (a beam reordered badly) changes the result.
     """
 
-    def __init__(self, seed):
-        rng = np.random.default_rng(seed)
-        self.table = jnp.asarray(3.0 * rng.normal(size=(2, LENGTH, VOCAB, 3, VOCAB)), jnp.float32)
+    def __init__(self, seed=None, table=None):
+        if table is None:
+            rng = np.random.default_rng(seed)
+            table = jnp.asarray(3.0 * rng.normal(size=(2, LENGTH, VOCAB, 3, VOCAB)), jnp.float32)
+        self.table = table
 
     def encode(self, src, src_segments, src_positions):
         return (jnp.sum(src * src_segments, axis=1) % 2)[:, None]
@@ -88,22 +90,41 @@ def toy(seed):
     return TableDecoder(seed)
 
 
-def toy_beam(model, beam, alpha, prefixes=None, srcs=TOY_SRCS, max_lengths=None):
+@functools.cache
+def toy_search(models, beam, alpha):
+    """Beam search of one ``TableDecoder`` or an ``Ensemble`` of ``models`` of them, their
+    tables traced: one compilation per number of models, options and prefix or none."""
+
+    def run(tables, src, segs, limits, prefix):
+        decoders = [TableDecoder(table=t) for t in tables]
+        model = decoders[0] if models == 1 else Ensemble(decoders)
+        return beam_search(
+            model,
+            src,
+            segs,
+            limits,
+            beam_size=beam,
+            max_len=LENGTH,
+            alpha=alpha,
+            prefix=prefix,
+            **IDS,
+        )
+
+    return jax.jit(run)
+
+
+def toy_beam(members, beam, alpha, prefixes=None, srcs=TOY_SRCS, max_lengths=None):
     src, segs = pad_batch(srcs)
     limits = jnp.asarray(max_lengths or [LENGTH] * len(srcs), jnp.int32)
     prefix = None if prefixes is None else prefix_array(prefixes)
-    run = jax.jit(
-        lambda s, g, m, p: beam_search(
-            model, s, g, m, beam_size=beam, max_len=LENGTH, alpha=alpha, prefix=p, **IDS
-        )
-    )
-    return run(src, segs, limits, prefix)
+    tables = tuple(m.table for m in members)
+    return toy_search(len(members), beam, alpha)(tables, src, segs, limits, prefix)
 
 
 def test_ensemble_beam_search_is_the_exhaustive_ranking_of_the_mixture():
     """Beam 64 ≥ every hypothesis: the n-best list is all 40, ranked by the averaged score."""
     a, b, alpha = toy(1), toy(2), 0.6
-    res = toy_beam(Ensemble([a, b]), 64, alpha)
+    res = toy_beam([a, b], 64, alpha)
     got = hypotheses(res.tokens, res.lengths)
     for r, src in enumerate(TOY_SRCS):
         ref = ranked([a, b], src, alpha)
@@ -114,7 +135,7 @@ def test_ensemble_beam_search_is_the_exhaustive_ranking_of_the_mixture():
         for single in (a, b):
             assert [seq for _, _, seq in ranked([single], src, alpha)] != got[r][:40]
     # and a small beam finds the mixture's best hypothesis (the model of a real decode)
-    small = toy_beam(Ensemble([a, b]), 3, alpha)
+    small = toy_beam([a, b], 3, alpha)
     for r, src in enumerate(TOY_SRCS):
         assert hypotheses(small.tokens, small.lengths)[r][0] == ranked([a, b], src, alpha)[0][2]
 
@@ -122,8 +143,8 @@ def test_ensemble_beam_search_is_the_exhaustive_ranking_of_the_mixture():
 def test_prefix_beam_search_is_the_exhaustive_ranking_of_the_continuations():
     a, b, alpha = toy(1), toy(2), 1.0
     prefixes = [[4], [5, 1]]
-    for model, members in ((a, [a]), (Ensemble([a, b]), [a, b])):
-        res = toy_beam(model, 64, alpha, prefixes)
+    for members in ([a], [a, b]):
+        res = toy_beam(members, 64, alpha, prefixes)
         got = hypotheses(res.tokens, res.lengths)
         for r, src in enumerate(TOY_SRCS):
             ref = ranked(members, src, alpha, prefixes[r])
@@ -134,10 +155,10 @@ def test_prefix_beam_search_is_the_exhaustive_ranking_of_the_continuations():
             )  # the forced tokens count in the score
             assert np.all(np.asarray(res.lengths[r, len(ref) :]) == 0)  # nothing else
     # an empty prefix forces nothing; a prefix too long for a row's limit yields to EOS there
-    free, empty = toy_beam(a, 4, alpha), toy_beam(a, 4, alpha, [[], []])
+    free, empty = toy_beam([a], 64, alpha), toy_beam([a], 64, alpha, [[], []])
     assert hypotheses(free.tokens, free.lengths) == hypotheses(empty.tokens, empty.lengths)
     np.testing.assert_allclose(np.asarray(free.scores), np.asarray(empty.scores), 1e-6)
-    short = toy_beam(a, 2, alpha, [[4, 5, 4], [4, 5, 4]], max_lengths=[2, 4])
+    short = toy_beam([a], 64, alpha, [[4, 5, 4], [4, 5, 4]], max_lengths=[2, 4])
     assert hypotheses(short.tokens, short.lengths)[0][0] == [4, EOS]
     assert hypotheses(short.tokens, short.lengths)[1][0] == [4, 5, 4, EOS]
 
