@@ -504,7 +504,7 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
         return _fail("give both --src and --ref, or neither (to use the run's test split)")
     _setup_logging()
     from seq2seq import evaluation
-    from seq2seq.data.sources import load_parallel
+    from seq2seq.data.pipeline import split_text
 
     try:
         if args.src:
@@ -516,14 +516,8 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
                 return _fail(f"{pieces}; or pass --allow-pieces to score them as they are")
         config, tokenizer, graphdef, params, decode = _load(args)
         if not args.src:
-            ds = load_parallel(
-                config.data.test,
-                config.data.src_lang,
-                config.data.tgt_lang,
-                skip_empty=config.data.skip_empty,
-                split_name="test",
-            )
-            sources, refs = list(ds["source"]), list(ds["target"])
+            test = split_text(config, "test")  # every test corpus, with its tag
+            sources, refs = test.sources, test.targets
         translator = _translator(args, config, tokenizer, graphdef, params, decode)
         start = time.perf_counter()
         hyps = [h[0].text for h in translator.translate(sources, progress=True, source=args.src)]

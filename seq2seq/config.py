@@ -9,6 +9,7 @@ rest of the code reads ordinary attributes and never sees OmegaConf.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -38,6 +39,13 @@ class SourceConfig:
       split: split name for ``hub``/``disk``.
       src_column / tgt_column: column names or numbers for ``tsv``/``csv``; default: the
         language codes for named columns, 0 and 1 otherwise.
+      src_lang / tgt_lang: this corpus's direction (None: ``data.src_lang`` /
+        ``data.tgt_lang``); the same files serve both directions.
+      tag: a target-language tag such as ``<2es>`` prepended to every source sentence of this
+        corpus (None: no tag); tags are added to the tokenizer's user-defined symbols, so each
+        is one SentencePiece piece.
+      weight: sampling weight of this corpus among the entries of a ``data.train`` list (a
+        batch comes from corpus i with probability weight_i / Σ weights); unused otherwise.
     """
 
     format: str = "text"
@@ -46,6 +54,27 @@ class SourceConfig:
     split: str = "train"
     src_column: str | None = None
     tgt_column: str | None = None
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    tag: str | None = None
+    weight: float = 1.0
+
+
+SPLITS = ("train", "dev", "test")
+
+
+def _source(value: Any, key: str) -> SourceConfig:
+    """One corpus entry as a SourceConfig (from a mapping of a YAML file or override)."""
+    if isinstance(value, SourceConfig):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} must be a mapping (format, path, ...), got {value!r}")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(SourceConfig), value)
+        return cast(SourceConfig, OmegaConf.to_object(merged))
+    except OmegaConfBaseException as e:
+        problem = str(e).splitlines()[0]
+        raise ConfigError(f"{key}: {problem} (key: {key}.{getattr(e, 'full_key', '?')})") from e
 
 
 @dataclass(frozen=True)
@@ -54,34 +83,51 @@ class DataConfig:
 
     Attributes:
       src_lang / tgt_lang: language codes; the direction of translation is src → tgt.
-      train / dev / test: where each split comes from.
+      train / dev / test: where each split comes from: one ``SourceConfig``, or a list of them
+        (several corpora, each with its own direction, ``tag`` and, for ``train``, sampling
+        ``weight``; in YAML a list of mappings, on the command line
+        ``data.train.<i>.<key>=value`` or the whole list). A list is read as a tuple;
+        ``corpora(split)`` gives every split as a tuple.
       max_len: row length in tokens for both sides (packed rows and decode inputs).
       max_tokens: token budget per batch and side (rows = max_tokens // max_len).
       packing: pack several pairs per row with segment ids (else one pair per row).
       skip_empty: skip (and count) pairs with an empty side; if false such a pair is an error.
       max_length_ratio: training pairs whose token-length ratio exceeds this are dropped.
-      concat_pairs_to_tokens: if > 0, consecutive training pairs (after the filters) are
-        joined into pseudo-documents of up to this many tokens per side, never splitting a
-        pair (``seq2seq/data/documents.py``; long inputs); at most ``max_len``. 0 = off.
     """
 
     src_lang: str = "en"
     tgt_lang: str = "es"
-    train: SourceConfig = field(
-        default_factory=lambda: SourceConfig(format="text", path="data/tatoeba-en-es/train")
-    )
-    dev: SourceConfig = field(
-        default_factory=lambda: SourceConfig(format="text", path="data/tatoeba-en-es/dev")
-    )
-    test: SourceConfig = field(
-        default_factory=lambda: SourceConfig(format="text", path="data/tatoeba-en-es/test")
-    )
+    # Any: a SourceConfig or a tuple of them (OmegaConf has no union of containers); the
+    # mappings OmegaConf gives are converted in __post_init__.
+    train: Any = field(default_factory=lambda: {"path": "data/tatoeba-en-es/train"})
+    dev: Any = field(default_factory=lambda: {"path": "data/tatoeba-en-es/dev"})
+    test: Any = field(default_factory=lambda: {"path": "data/tatoeba-en-es/test"})
     max_len: int = 64
     max_tokens: int = 4096
     packing: bool = True
     skip_empty: bool = True
     max_length_ratio: float = 3.0
-    concat_pairs_to_tokens: int = 0
+
+    def __post_init__(self):
+        for split in SPLITS:
+            value = getattr(self, split)
+            if isinstance(value, (list, tuple)):
+                if not value:
+                    raise ConfigError(f"data.{split} is an empty list: give at least one corpus")
+                value = tuple(_source(v, f"data.{split}.{i}") for i, v in enumerate(value))
+            else:
+                value = _source(value, f"data.{split}")
+            object.__setattr__(self, split, value)
+
+    def corpora(self, split: str) -> tuple[SourceConfig, ...]:
+        """The entries of ``split`` (``train``/``dev``/``test``) as a tuple (one for a single
+        source)."""
+        value = getattr(self, split)
+        return value if isinstance(value, tuple) else (value,)
+
+    def direction(self, source: SourceConfig) -> tuple[str, str]:
+        """``(src_lang, tgt_lang)`` of a corpus entry (its own, else the data's)."""
+        return source.src_lang or self.src_lang, source.tgt_lang or self.tgt_lang
 
 
 @dataclass(frozen=True)
@@ -252,6 +298,20 @@ class TrainConfig:
       test_checkpoint: parameters decoded for the final test score: ``best`` (the best
         checkpoint, if any) or ``last``.
       max_seconds: stop (and checkpoint) after this much training wall time (0 = no limit).
+      init_from: start from the weights of a trained run (a workdir: its newest checkpoint, or
+        a checkpoint directory ``<workdir>/checkpoints/<step>``) instead of a random init,
+        reusing its SentencePiece model(s) (copied into this workdir, not retrained); the model
+        settings must match (dropout rates and ``dtype`` may differ). Only a run with no
+        checkpoint of its own starts from it; a resume continues from its own checkpoint.
+      init_optimizer: with ``init_from``, also load the optimizer state (Adam moments and
+        update count): the learning-rate schedule then continues where the parent stopped
+        (no second warmup), while this run's own step counter (``train.steps``, intervals,
+        checkpoint names) starts at 0. Without it, a fresh optimizer and schedule.
+      ema_decay: exponential moving average of the weights, ema ← d·ema + (1-d)·params after
+        every optimizer step (ema starts at the initial weights; a skipped step leaves it);
+        0 = off. When on, dev evaluation, the best checkpoint, the test decode and
+        ``seq2seq-translate``/``seq2seq-evaluate`` of the run use the EMA weights;
+        checkpoints hold both.
       allow_config_change: resume a run whose saved ``config.yaml`` differs in a key that
         changes what the run is (model, tokenizer, training data, batch arithmetic, optimizer,
         schedule, seed); without it such a resume is refused (``seq2seq.run.RESUMABLE`` lists
@@ -283,6 +343,9 @@ class TrainConfig:
     patience: int = 0
     test_checkpoint: str = "best"
     max_seconds: float = 0.0
+    init_from: str | None = None
+    init_optimizer: bool = False
+    ema_decay: float = 0.0
     allow_config_change: bool = False
 
 
@@ -384,9 +447,44 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
+def _set_corpus_lists(merged: Any, layer: Any) -> Any:
+    """Apply ``layer``'s ``data.{train,dev,test}`` to ``merged`` where a list is involved
+    (OmegaConf cannot merge a list into a mapping): a list replaces the split; over a list,
+    ``{"<i>": {...}}`` (from ``data.train.<i>.key=value``) merges into entry i. Returns the
+    layer without the keys it applied.
+    """
+    data = layer.get("data") if isinstance(layer, DictConfig) else None
+    if not isinstance(data, DictConfig):
+        return layer
+    layer = copy.deepcopy(layer)
+    OmegaConf.set_readonly(merged.data, False)  # frozen dataclass: a list is assigned here
+    for split in SPLITS:
+        if split not in layer.data:
+            continue
+        value, current = layer.data[split], merged.data[split]
+        if isinstance(value, ListConfig):
+            merged.data[split] = value
+        elif isinstance(current, ListConfig) and isinstance(value, DictConfig):
+            for index in value:
+                name = str(index)
+                if not name.isdigit() or int(name) >= len(current):
+                    raise ConfigError(
+                        f"data.{split} is a list of {len(current)} corpora: set an entry's key "
+                        f"as data.{split}.<i>.<key> (i < {len(current)}) or give the whole "
+                        f"list, not data.{split}.{name}"
+                    )
+                current[int(name)] = OmegaConf.merge(current[int(name)], value[index])
+        else:
+            continue
+        del layer.data[split]
+    return layer
+
+
 def _merge(*layers: Any) -> Config:
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(Config), *layers)
+        merged = OmegaConf.structured(Config)
+        for layer in layers:
+            merged = OmegaConf.merge(merged, _set_corpus_lists(merged, layer))
         return cast(Config, OmegaConf.to_object(merged))
     except OmegaConfBaseException as e:  # names the full key and the bad value
         raise ConfigError(str(e).splitlines()[0] + f" (key: {getattr(e, 'full_key', '?')})") from e
@@ -422,8 +520,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value")
-    if overrides:
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
+    # one layer per override: a later one may replace a split by a list of corpora
+    layers += [OmegaConf.from_dotlist([item]) for item in overrides]
     try:
         return _merge(*layers)
     except ConfigError as e:
@@ -489,8 +587,14 @@ def replace(config: Any, **changes: Any) -> Any:
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """The config as nested plain dicts (for YAML/JSON)."""
-    return dataclasses.asdict(config)
+    """The config as nested plain dicts and lists (for YAML/JSON)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return [plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+    return cast(dict[str, Any], plain(dataclasses.asdict(config)))
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:

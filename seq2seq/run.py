@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -29,15 +30,18 @@ from seq2seq.config import (
     replace,
     save_config,
 )
+from seq2seq.data.batching import MixedBatches
 from seq2seq.data.pipeline import (
     MIN_DECODE_SOURCE_LEN,
     PreparedData,
+    check_corpora,
     check_vocabularies,
     decode_source_limit,
     fill_vocab_sizes,
     prepare,
 )
 from seq2seq.data.sources import FORMATS
+from seq2seq.data.tokenizer import TokenizerPair, load_pair, model_names
 from seq2seq.sharding import (
     Partitioner,
     initialize_distributed,
@@ -45,6 +49,7 @@ from seq2seq.sharding import (
     main_process_first,
 )
 from seq2seq.summary import write_summary_md
+from seq2seq.training.init_from import Parent, check_init_from
 from seq2seq.training.loop import DevBleu, Interrupted, TrainingDiverged, check_train_config, fit
 from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.step import abstract_train_state
@@ -85,6 +90,8 @@ RESUMABLE = (
     "decode.",
     "data.dev.",
     "data.test.",
+    "data.dev",  # a list of dev/test corpora is one key
+    "data.test",
     "mesh.",
     "distributed.",
 )
@@ -96,7 +103,9 @@ def check_run_config(config: Config) -> None:
     """Every check that needs no data, run before any work starts (no file read or written).
 
     ``train`` (``check_train_config``), ``decode`` (``check_decode_config``), tokenizer and
-    vocabulary settings (``check_vocabularies``), the data formats and batch arithmetic, the
+    vocabulary settings (``check_vocabularies``), the corpus entries (``check_corpora``:
+    weights, tags, directions), ``train.init_from`` (``check_init_from``: the parent's
+    model must match), the data formats and batch arithmetic, the
     model (built abstractly, nothing allocated, so shape errors surface here and not after
     training the tokenizer) and the mesh (its sizes, whole heads and FFN units per ``tensor``
     shard, batch rows divisible by ``data × fsdp``).
@@ -107,24 +116,22 @@ def check_run_config(config: Config) -> None:
     check_train_config(config)
     check_decode_config(config.decode)
     check_vocabularies(config)
+    check_corpora(config)
     d, m = config.data, config.model
     for split in ("train", "dev", "test"):
-        fmt = getattr(d, split).format
-        if fmt not in FORMATS:
-            raise ConfigError(
-                f"data.{split}.format must be one of {', '.join(FORMATS)}; got {fmt!r}"
-            )
+        entries = d.corpora(split)
+        for i, source in enumerate(entries):
+            if source.format not in FORMATS:
+                key = f"data.{split}.{i}" if len(entries) > 1 else f"data.{split}"
+                raise ConfigError(
+                    f"{key}.format must be one of {', '.join(FORMATS)}; got {source.format!r}"
+                )
     if d.max_len < 2:
         raise ConfigError(f"data.max_len must be >= 2 (a token and EOS), got {d.max_len}")
     if d.max_tokens < d.max_len:
         raise ConfigError(
             f"data.max_tokens={d.max_tokens} is less than one row of "
             f"data.max_len={d.max_len} tokens"
-        )
-    if not 0 <= d.concat_pairs_to_tokens <= d.max_len:
-        raise ConfigError(
-            f"data.concat_pairs_to_tokens={d.concat_pairs_to_tokens} must be in "
-            f"[0, data.max_len={d.max_len}] (a document must fit a row; 0 = off)"
         )
     if m.positions == "learned" and m.max_len < d.max_len:
         raise ConfigError(
@@ -143,6 +150,7 @@ def check_run_config(config: Config) -> None:
             f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}"
         )
     check_attention_config(m)
+    check_init_from(config)  # the parent's model must match this one
     vocab = m.vocab_size or config.tokenizer.vocab_size
     abstract_train_state(
         replace(
@@ -220,13 +228,19 @@ def check_resume(
 
 def dev_bleu(data: PreparedData, config: Config) -> DevBleu:
     """The dev-BLEU callable ``fit`` calls at each evaluation: sacreBLEU BLEU/chrF of the first
-    ``train.bleu_subset`` dev sentences (0 = all), decoded by ``Translator`` with beam
+    ``train.bleu_subset`` dev sentences (0 = all; with several dev corpora, shared out evenly
+    over them, ``_subset``), decoded by ``Translator`` with beam
     ``train.bleu_beam_size`` (1 = greedy, 0 = ``decode.beam_size``) and the rest of the
     ``decode`` settings, on the run's mesh. Returns ``bleu``, ``chrf`` and ``bleu_sentences``.
     """
     t = config.train
-    n = t.bleu_subset or len(data.dev_text.sources)
-    sources, refs = data.dev_text.sources[:n], data.dev_text.targets[:n]
+    chosen = [
+        i
+        for _, first, count in _subset(data.dev_parts, t.bleu_subset, len(data.dev_text.sources))
+        for i in range(first, first + count)
+    ]
+    sources = [data.dev_text.sources[i] for i in chosen]
+    refs = [data.dev_text.targets[i] for i in chosen]
     decode = replace(config.decode, beam_size=t.bleu_beam_size or config.decode.beam_size)
 
     def score(params: Any, graphdef: Any, partitioner: Partitioner | None) -> dict[str, float]:
@@ -245,6 +259,38 @@ def dev_bleu(data: PreparedData, config: Config) -> DevBleu:
     return score
 
 
+def _subset(parts: list[tuple[str, int]], limit: int, total: int) -> list[tuple[str, int, int]]:
+    """``(name, first, count)`` of the sentences taken from each part of a concatenated split
+    (``PreparedData.dev_parts`` / ``test_parts``; none: one part of ``total``): all of them
+    for ``limit`` 0, else ``limit`` shared out as evenly as the parts allow, the first ones
+    of each part."""
+    parts = parts or [("", total)]
+    base, extra = divmod(limit, len(parts))
+    out, first = [], 0
+    for i, (name, size) in enumerate(parts):
+        out.append((name, first, min(size, base + (i < extra)) if limit else size))
+        first += size
+    return out
+
+
+def _reuse_tokenizer(config: Config, parent: Parent, workdir: Path) -> TokenizerPair:
+    """Copy the parent run's SentencePiece model(s) into ``workdir`` (under this run's file
+    names) and load them (``train.init_from``)."""
+    p = parent.config
+    theirs = load_pair(
+        p.tokenizer, parent.workdir, src_lang=p.data.src_lang, tgt_lang=p.data.tgt_lang
+    )
+    names = model_names(config.tokenizer, config.data.src_lang, config.data.tgt_lang)
+    for tok, name in zip((theirs.source, theirs.target), names):
+        dest = workdir / f"{name}.model"
+        if not dest.is_file() or dest.read_bytes() != tok.path.read_bytes():
+            shutil.copyfile(tok.path, dest)
+            log.info("tokenizer: %s copied from %s (train.init_from)", dest, tok.path)
+    return load_pair(
+        config.tokenizer, workdir, src_lang=config.data.src_lang, tgt_lang=config.data.tgt_lang
+    )
+
+
 def _translate_and_score(
     translator: Translator, sources: list[str], references: list[str], out_path: Path | None = None
 ) -> tuple[evaluation.Scores, list[str]]:
@@ -256,7 +302,9 @@ def _translate_and_score(
 
 def prepare_run(config: Config, *, checked: bool = False) -> tuple[Config, PreparedData, Any]:
     """Check the config (and, when resuming, its changes: ``check_resume``), create the
-    workdir, prepare the data and write ``config.yaml``.
+    workdir, prepare the data and write ``config.yaml``. With ``train.init_from`` the
+    parent's tokenizer settings replace this config's and its models are copied into the
+    workdir (``_reuse_tokenizer``) instead of training new ones.
 
     ``checked``: the caller already ran ``check_run_config`` (it is not run twice).
 
@@ -273,10 +321,18 @@ def prepare_run(config: Config, *, checked: bool = False) -> tuple[Config, Prepa
     if not checked:  # seq2seq-train checks before it sets up its log
         check_run_config(config)
     workdir = Path(config.workdir)
+    parent = check_init_from(config)
+    if parent is not None:  # the parent's tokenizer settings: its models are reused
+        tok = parent.config.tokenizer
+        config = replace(
+            config,
+            tokenizer=replace(tok, model_file=None, src_model_file=None, tgt_model_file=None),
+        )
     saved, changes = check_resume(config)  # before anything in the run directory is rewritten
     workdir.mkdir(parents=True, exist_ok=True)
     with main_process_first("prepare"):  # the tokenizer is trained once, then loaded
-        data = prepare(config, workdir)
+        reused = _reuse_tokenizer(config, parent, workdir) if parent is not None else None
+        data = prepare(config, workdir, tokenizer=reused)
     config = fill_vocab_sizes(config, data.tokenizer)
     if is_main_process():  # only process 0 writes files other than checkpoints
         save_config(config, config_path(workdir))
@@ -353,9 +409,10 @@ def train(config: Config, *, checked: bool = False) -> dict[str, Any]:
         max_src_len=decode_source_limit(config),
         partitioner=result.partitioner,
     )
-    sources, refs = data.test_text.sources, data.test_text.targets
-    if config.decode.test_limit:
-        sources, refs = sources[: config.decode.test_limit], refs[: config.decode.test_limit]
+    parts = _subset(data.test_parts, config.decode.test_limit, len(data.test_text.sources))
+    chosen = [i for _, first, count in parts for i in range(first, first + count)]
+    sources = [data.test_text.sources[i] for i in chosen]
+    refs = [data.test_text.targets[i] for i in chosen]
     main = is_main_process()
     t0 = time.perf_counter()
     scores, hyps = _translate_and_score(
@@ -367,7 +424,25 @@ def train(config: Config, *, checked: bool = False) -> dict[str, Any]:
     writer.write(
         step, "test", {"bleu": scores.bleu, "chrf": scores.chrf, "checkpoint": result.test_step}
     )
+    by_corpus: dict[str, dict[str, float]] = {}
+    if len(parts) > 1:  # one score per test corpus (e.g. per direction), in test.hyp's order
+        at = 0
+        for name, _, count in parts:
+            part = evaluation.score(hyps[at : at + count], refs[at : at + count])
+            at += count
+            by_corpus[name] = {"bleu": part.bleu, "chrf": part.chrf, "sentences": count}
+            writer.write(step, f"test_{name}", {"bleu": part.bleu, "chrf": part.chrf})
+            log.info(
+                "test %s: BLEU %.2f chrF %.2f (%d sentences)", name, part.bleu, part.chrf, count
+            )
     writer.close()
+    shares: dict[str, tuple[float, float]] = {}
+    if isinstance(data.train, MixedBatches):
+        counts = data.train.counts(result.progress.micro_batches)
+        shares = {
+            name: (float(n) / max(int(counts.sum()), 1), float(w))
+            for name, n, w in zip(data.train_corpora, counts, data.train.weights)
+        }
     p = result.progress
     summary = {
         "status": result.stopped,
@@ -381,6 +456,9 @@ def train(config: Config, *, checked: bool = False) -> dict[str, Any]:
         "bleu_signature": scores.bleu_signature,
         "chrf_signature": scores.chrf_signature,
         "test_sentences": scores.num_sentences,
+        "test_by_corpus": by_corpus,
+        "corpus_shares": shares,
+        "ema_decay": config.train.ema_decay,
         "tokens_seen": p.tokens_seen,
         "target_tokens_seen": p.target_tokens_seen,
         "skipped_steps": p.skipped_total,

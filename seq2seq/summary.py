@@ -25,6 +25,25 @@ def _minutes(seconds: float | None) -> str:
     return "–" if seconds is None else f"{seconds / 60:.1f} min"
 
 
+def _sources(config: Config) -> str:
+    """``train `path`, dev `path`, test `path``` (each entry's direction, tag and weight too
+    when a split has several or a tag)."""
+    d, parts = config.data, []
+    for split in ("train", "dev", "test"):
+        entries = d.corpora(split)
+        texts = []
+        for s in entries:
+            text = f"`{s.path}`"
+            if len(entries) > 1 or s.tag:
+                extra = "→".join(d.direction(s))
+                extra += f", tag {s.tag}" if s.tag else ""
+                extra += f", weight {s.weight:g}" if split == "train" and len(entries) > 1 else ""
+                text += f" ({extra})"
+            texts.append(text)
+        parts.append(f"{split} " + ", ".join(texts))
+    return ", ".join(parts)
+
+
 def summary_markdown(workdir: str | Path, config: Config, summary: dict[str, Any]) -> str:
     """The run's ``summary.md``: status, results, data, tokenizer, checkpoints, dev curve,
     files, example translations and the resolved config.
@@ -69,6 +88,22 @@ def summary_markdown(workdir: str | Path, config: Config, summary: dict[str, Any
         f"(checkpoint {_fmt(summary.get('test_step'))}, "
         f"{_fmt(summary.get('test_sentences'))} sentences) |",
         f"| test chrF | {_fmt(summary.get('test_chrf'), '.2f')} |",
+        *(
+            f"| test BLEU {name} | {_fmt(part.get('bleu'), '.2f')} (chrF "
+            f"{_fmt(part.get('chrf'), '.2f')}, {_fmt(part.get('sentences'))} sentences) |"
+            for name, part in (summary.get("test_by_corpus") or {}).items()
+        ),
+        *(
+            f"| corpus share {name} | {_fmt(share, '.1%')} of the training batches "
+            f"(weight {_fmt(weight, '.1%')}) |"
+            for name, (share, weight) in (summary.get("corpus_shares") or {}).items()
+        ),
+        *(
+            [f"| weights evaluated | EMA, decay {t.ema_decay} (train.ema_decay) |"]
+            if t.ema_decay
+            else []
+        ),
+        *([f"| initialised from | `{t.init_from}` |"] if t.init_from else []),
         f"| signatures | `{summary.get('bleu_signature', '–')}`; "
         f"`{summary.get('chrf_signature', '–')}` |",
         f"| tokens seen (source + target, real) | {_fmt(tokens, ',')} |",
@@ -85,9 +120,7 @@ def summary_markdown(workdir: str | Path, config: Config, summary: dict[str, Any
         lines += [
             "## Data",
             "",
-            f"{config.data.src_lang} → {config.data.tgt_lang}; "
-            f"train `{config.data.train.path}`, dev `{config.data.dev.path}`, "
-            f"test `{config.data.test.path}`.",
+            f"{config.data.src_lang} → {config.data.tgt_lang}; {_sources(config)}.",
             "",
             "| statistic | value |",
             "|---|---|",

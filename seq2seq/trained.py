@@ -59,7 +59,7 @@ def load_trained(
     finally:
         checkpointer.close()
     log.info("%s: the checkpoint of step %d", workdir, step)
-    return config, tokenizer, graphdef, state.params
+    return config, tokenizer, graphdef, state.eval_params  # the EMA when the run kept one
 
 
 def _member_name(workdir: str | Path, step: int | None) -> str:
@@ -228,14 +228,16 @@ def average_checkpoints(
         meta: dict[str, Any] = {}
         for s in steps:
             state, meta = source.restore(abstract, s)
-            params = jax.tree.map(lambda x: np.asarray(x, np.float64), state.params)
+            # the weights decoded: the EMA when the run kept one (train.ema_decay)
+            params = jax.tree.map(lambda x: np.asarray(x, np.float64), state.eval_params)
             total = params if total is None else jax.tree.map(np.add, total, params)
             newest = state
     finally:
         source.close()
     assert total is not None and newest is not None  # steps is not empty
     mean = jax.tree.map(lambda t, p: (t / len(steps)).astype(p.dtype), total, newest.params)
-    averaged = newest.replace(params=jax.tree.map(jax.numpy.asarray, mean))
+    mean = jax.tree.map(jax.numpy.asarray, mean)
+    averaged = newest.replace(params=mean, ema=None if newest.ema is None else mean)
 
     output.mkdir(parents=True, exist_ok=True)
     if overwrite and checkpoint_dir(output).exists():

@@ -113,8 +113,11 @@ def _data_overrides(path: Path, directory: Path) -> list[str]:
     """``data.{train,dev,test}.path`` of a small local dataset in the format ``path`` names."""
     config = load_config(str(path), [])
     d = config.data
-    sources = {split: getattr(d, split) for split in ("train", "dev", "test")}
-    formats = {s.format for s in sources.values()}
+    # a split may be a list of corpora (each its own direction of the same files): the first
+    # entry stands for the split, and every entry is pointed at the fixture
+    entries = {split: d.corpora(split) for split in ("train", "dev", "test")}
+    sources = {split: e[0] for split, e in entries.items()}
+    formats = {s.format for e in entries.values() for s in e}
     assert len(formats) == 1, f"{path.name}: splits in several formats {formats}"
     fmt, pairs = formats.pop(), _fixture_pairs()
     if fmt == "text":  # the layout of tests/tiny_run.py: write_corpus ({prefix}.{lang})
@@ -140,7 +143,11 @@ def _data_overrides(path: Path, directory: Path) -> list[str]:
         paths = {split: local for split in sources}
     else:
         pytest.fail(f"{path.name}: no local fixture for data format {fmt!r}; add one here")
-    return [f"data.{split}.path={p}" for split, p in paths.items()]
+    return [
+        f"data.{split}.{i}.path={p}" if len(entries[split]) > 1 else f"data.{split}.path={p}"
+        for split, p in paths.items()
+        for i in range(len(entries[split]))
+    ]
 
 
 @pytest.mark.slow

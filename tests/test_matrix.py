@@ -152,6 +152,7 @@ CHAINS: dict[str, dict] = {
         "tokenizer.joint": False,
         "format": "text",
         "tokenizer.normalization": "nfkc",
+        "train.ema_decay": 0.9,  # evaluation, best checkpoint and test decode on the EMA
     },
     "relative-bf16": {
         "light": True,

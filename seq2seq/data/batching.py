@@ -226,3 +226,91 @@ class PackedBatches:
         for index in range(self.batches_in_epoch(epoch)):
             rows = self.epoch_rows(epoch)[index * self.rows : (index + 1) * self.rows]
             yield make_batch(rows, self.src, self.tgt, self.rows, self.max_len)
+
+
+# Batches per block of the mixture schedule, and the stream tag of its within-block shuffles.
+MIX_BLOCK = 100
+_MIX_STREAM = 0x6D6978
+
+
+class MixedBatches:
+    """Batches drawn from several corpora with sampling weights, in a reproducible order.
+
+    Batch ``k`` comes from corpus ``c_k``: the corpus counts are those of the largest-deficit
+    rule (``c_t = argmax_c (w_c·(t+1) - n_c(t))``, ties to the lower index, so after any
+    ``T`` batches each corpus has had ``w_c·T`` batches to within one), shuffled within
+    blocks of ``MIX_BLOCK`` batches with ``default_rng((seed, _MIX_STREAM, block))``. Corpus
+    ``c`` serves its own batches in order (``PackedBatches.batch_at(j)`` for its j-th turn),
+    so batch k is a function of (seed, k) alone, like ``PackedBatches``.
+
+    Args:
+      corpora: one ``PackedBatches`` per corpus (equal ``rows`` and ``max_len``).
+      weights: sampling weights, ≥ 0 with a positive sum (normalised here).
+      seed: the shuffling seed (``train.seed``).
+
+    Raises:
+      ValueError: no corpora, weights of another length, a negative or non-finite weight, a
+        sum that is not positive, or corpora with different batch shapes.
+    """
+
+    def __init__(self, corpora: Sequence[PackedBatches], weights: Sequence[float], *, seed: int):
+        w = np.asarray(list(weights), np.float64)
+        if not corpora or len(w) != len(corpora):
+            raise ValueError(f"need one weight per corpus, got {len(w)} for {len(corpora)}")
+        if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+            raise ValueError(f"corpus weights must be >= 0 with a positive sum, got {list(w)}")
+        if len({(c.rows, c.max_len) for c in corpora}) != 1:
+            raise ValueError("all corpora must have the same rows and max_len per batch")
+        self.corpora, self.weights, self.seed = list(corpora), w / w.sum(), seed
+        self.rows, self.max_len = corpora[0].rows, corpora[0].max_len
+        # _starts[b]: int64 [corpora] batches each corpus served before block b
+        self._starts = [np.zeros(len(corpora), np.int64)]
+        self._orders: dict[int, np.ndarray] = {}
+
+    def _block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """(corpus of each batch of ``block``, int ``[MIX_BLOCK]``; counts before it)."""
+        while len(self._starts) <= block + 1:
+            b = len(self._starts) - 1
+            counts = self._starts[b].copy()
+            for t in range(b * MIX_BLOCK, (b + 1) * MIX_BLOCK):
+                counts[int(np.argmax(self.weights * (t + 1) - counts))] += 1
+            self._starts.append(counts)
+        if block not in self._orders:
+            per = self._starts[block + 1] - self._starts[block]
+            order = np.repeat(np.arange(len(self.corpora)), per)
+            rng = np.random.default_rng((self.seed, _MIX_STREAM, block))
+            self._orders[block] = rng.permutation(order)
+            while len(self._orders) > 4:  # keep the newest few blocks
+                del self._orders[next(iter(self._orders))]
+        return self._orders[block], self._starts[block]
+
+    def corpus_at(self, step: int) -> tuple[int, int]:
+        """(corpus index, that corpus's own batch index) of global batch ``step``."""
+        block, i = divmod(step, MIX_BLOCK)
+        order, start = self._block(block)
+        corpus = int(order[i])
+        return corpus, int(start[corpus] + np.sum(order[:i] == corpus))
+
+    def counts(self, n: int) -> np.ndarray:
+        """int64 ``[corpora]``: batches each corpus served among the first ``n``."""
+        block, i = divmod(n, MIX_BLOCK)
+        order, start = self._block(block)
+        return start + np.bincount(order[:i], minlength=len(self.corpora))
+
+    def batch_at(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
+        """The batch used at ``step``, as ``PackedBatches.batch_at`` (same shape and split)."""
+        corpus, index = self.corpus_at(step)
+        return self.corpora[corpus].batch_at(index, process_index, process_count)
+
+    def locate(self, step: int) -> tuple[int, int]:
+        """(epoch, batch within the epoch) of the corpus that batch ``step`` comes from."""
+        corpus, index = self.corpus_at(step)
+        return self.corpora[corpus].locate(index)
+
+    def batches_in_epoch(self, epoch: int) -> int:
+        """Batches in ``epoch`` of all corpora together (for messages)."""
+        return sum(c.batches_in_epoch(epoch) for c in self.corpora)
+
+    def real_token_share(self, epoch: int = 0) -> float:
+        """The corpora's real-token shares of ``epoch``, weighted by the sampling weights."""
+        return float(sum(w * c.real_token_share(epoch) for w, c in zip(self.weights, self.corpora)))

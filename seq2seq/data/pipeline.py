@@ -9,19 +9,26 @@ sources are truncated, and every drop and truncation is counted in ``PreparedDat
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from datasets import Dataset, concatenate_datasets
 
-from seq2seq.config import Config, ConfigError, replace
-from seq2seq.data.batching import PackedBatches
-from seq2seq.data.documents import concat_pairs
+from seq2seq.config import SPLITS, Config, ConfigError, replace
+from seq2seq.data.batching import MixedBatches, PackedBatches
 from seq2seq.data.sources import load_parallel, overlap_report
 from seq2seq.data.token_cache import encode_cached
-from seq2seq.data.tokenizer import Tokenizer, TokenizerPair, check_options, train_or_load_pair
+from seq2seq.data.tokenizer import (
+    Tokenizer,
+    TokenizerPair,
+    check_options,
+    load_pair,
+    train_or_load_pair,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +57,22 @@ class PreparedData:
       dev_text / test_text: raw dev/test pairs (for BLEU).
       stats: what was read, dropped, truncated and cached, and how fast (see ``prepare``).
       skipped: ``split<TAB>file:line`` of every pair skipped for an empty side, in file order.
+      train_corpora: a name per training corpus (``corpus_labels``); ``train`` is a
+        ``MixedBatches`` over them when there are several.
+      dev_parts / test_parts: ``(name, sentences)`` of each dev/test entry, in the order
+        ``dev_text`` / ``test_text`` (and the dev batches) concatenate them.
     """
 
     tokenizer: TokenizerPair
-    train: PackedBatches
+    train: PackedBatches | MixedBatches
     dev: PackedBatches
     dev_text: Corpus
     test_text: Corpus
     stats: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    train_corpora: list[str] = field(default_factory=list)
+    dev_parts: list[tuple[str, int]] = field(default_factory=list)
+    test_parts: list[tuple[str, int]] = field(default_factory=list)
 
 
 def decode_source_limit(config: Config) -> int:
@@ -126,18 +140,99 @@ def fill_vocab_sizes(config: Config, tokenizer: TokenizerPair) -> Config:
     return replace(config, **changes) if changes else config
 
 
-def _read(config: Config, split: str, skipped: list[str]):
-    data, places = config.data, list[str]()
-    ds = load_parallel(
-        getattr(data, split),
-        data.src_lang,
-        data.tgt_lang,
-        skip_empty=data.skip_empty,
-        split_name=split,
-        skipped=places,
-    )
-    skipped.extend(f"{split}\t{place}" for place in places)
-    return ds
+def corpus_tags(config: Config) -> list[str]:
+    """The target-language tags of all corpus entries (train, dev, test), first use first."""
+    tags = [s.tag for split in SPLITS for s in config.data.corpora(split) if s.tag]
+    return list(dict.fromkeys(tags))
+
+
+def check_corpora(config: Config) -> None:
+    """Reject corpus entries that cannot work, before any data is read: sampling weights
+    (≥ 0, finite, a positive sum, set only in a ``data.train`` list), tags (one token of no
+    whitespace), directions (a source and a target language that differ).
+
+    Raises:
+      ConfigError: naming the entry (``data.train.1.weight``) and its value.
+    """
+    d = config.data
+    for split in SPLITS:
+        entries = d.corpora(split)
+        several = isinstance(getattr(d, split), tuple)
+        for i, s in enumerate(entries):
+            key = f"data.{split}.{i}" if several else f"data.{split}"
+            if not math.isfinite(s.weight) or s.weight < 0:
+                raise ConfigError(f"{key}.weight must be a finite number >= 0, got {s.weight}")
+            if s.weight != 1.0 and not (split == "train" and several):
+                raise ConfigError(
+                    f"{key}.weight={s.weight}: weights are for the entries of a data.train list"
+                )
+            if s.tag is not None and (not s.tag or any(c.isspace() for c in s.tag)):
+                raise ConfigError(f"{key}.tag must be one token without whitespace, got {s.tag!r}")
+            src, tgt = d.direction(s)
+            if src == tgt:
+                raise ConfigError(f"{key}: source and target language are both {src!r}")
+        if split == "train" and several and sum(s.weight for s in entries) <= 0:
+            raise ConfigError(
+                f"the weights of data.train ({', '.join(str(s.weight) for s in entries)}) "
+                "must sum to a positive number"
+            )
+
+
+def corpus_labels(config: Config, split: str) -> list[str]:
+    """A name per entry of ``split``: its direction (``en-es``), numbered when repeated."""
+    names = ["-".join(config.data.direction(s)) for s in config.data.corpora(split)]
+    return [
+        f"{n}#{names[:i].count(n) + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)
+    ]
+
+
+def _read(config: Config, split: str, skipped: list[str]) -> list[Dataset]:
+    """Each corpus entry of ``split`` as a dataset in its own direction, tag not yet added."""
+    data, out = config.data, []
+    for source in data.corpora(split):
+        places: list[str] = []
+        src_lang, tgt_lang = data.direction(source)
+        out.append(
+            load_parallel(
+                source,
+                src_lang,
+                tgt_lang,
+                skip_empty=data.skip_empty,
+                split_name=split,
+                skipped=places,
+            )
+        )
+        skipped.extend(f"{split}\t{place}" for place in places)
+    return out
+
+
+def _tagged(config: Config, split: str, datasets: list[Dataset]) -> list[Corpus]:
+    """The text of each entry, its tag (if any) and a space before every source."""
+    out = []
+    for source, ds in zip(config.data.corpora(split), datasets):
+        corpus = _text(ds)
+        if source.tag:
+            corpus.sources = [f"{source.tag} {x}" for x in corpus.sources]
+        out.append(corpus)
+    return out
+
+
+def _joined(parts: list[Corpus]) -> Corpus:
+    return Corpus([x for c in parts for x in c.sources], [y for c in parts for y in c.targets])
+
+
+def _check_tags(config: Config, tokenizer: TokenizerPair) -> None:
+    """Every tag must be one piece of the source vocabulary (an unknown tag, e.g. with a
+    reused tokenizer that lacks it, is an error)."""
+    sp = tokenizer.source.sp
+    for split in SPLITS:
+        for i, s in enumerate(config.data.corpora(split)):
+            if s.tag and sp.piece_to_id(s.tag) == sp.unk_id():
+                raise ConfigError(
+                    f"data.{split}.{i}.tag={s.tag!r} is not a piece of the source tokenizer "
+                    f"{tokenizer.source.path}: an unknown tag (a tokenizer trained here adds "
+                    "every tag to its user-defined symbols; a reused one must have it)"
+                )
 
 
 def unknown_rate(ids: Sequence[np.ndarray], unk_id: int) -> float:
@@ -194,7 +289,13 @@ class _Encoder:
         return ids
 
 
-def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> PreparedData:
+def prepare(
+    config: Config,
+    workdir: str | Path,
+    *,
+    need_test: bool = True,
+    tokenizer: TokenizerPair | None = None,
+) -> PreparedData:
     """Read, tokenize and batch the corpus of ``config`` for a run in ``workdir``.
 
     Training pairs longer than ``data.max_len`` tokens on either side, or whose length ratio
@@ -203,8 +304,7 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
     (counted); no dev or test pair is dropped.
 
     ``stats`` holds: ``train_pairs_read``, ``train_pairs`` (kept),
-    ``train_pairs_dropped_length``, ``train_pairs_dropped_ratio``, ``train_documents``
-    (with ``data.concat_pairs_to_tokens``: the pseudo-documents the kept pairs make), ``dev_pairs``,
+    ``train_pairs_dropped_length``, ``train_pairs_dropped_ratio``, ``dev_pairs``,
     ``dev_pairs_truncated``, ``test_pairs``, ``test_sources_truncated``,
     ``dev_sources_in_train`` / ``test_sources_in_train`` (overlap), ``train_real_token_share``
     (epoch 0, in [0, 1]), ``read_seconds``, ``tokenizer_seconds`` (train or load the models),
@@ -214,8 +314,18 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
     of each side of each split (kept training pairs; dev and test before truncation), e.g.
     ``train_source_unknown_rate`` (share of tokens, EOS included, in [0, 1]).
 
+    Several corpora (a list in ``data.train``/``dev``/``test``): each entry is read in its own
+    direction, its ``tag`` prepended to its sources; the tokenizer is trained on all training
+    corpora with every tag among its user-defined symbols; each training corpus is filtered
+    and packed on its own (``train_{i}_pairs`` etc. in ``stats``) and sampled by its weight
+    (``MixedBatches``); dev and test entries are concatenated in order (``dev_parts``,
+    ``test_parts``). ``tokenizer``: use these models instead of training or loading the run's;
+    with ``train.init_from`` the models in ``workdir`` (copied from the parent by
+    ``seq2seq.run``) are loaded, never trained.
+
     Raises:
-      ConfigError: tokenizer settings that cannot work (see ``check_vocabularies``).
+      ConfigError: tokenizer settings that cannot work (see ``check_vocabularies``), or a tag
+        that is not one piece of a given tokenizer.
       DataError: a split cannot be read (see ``seq2seq.data.sources``).
       TokenizerError: a tokenizer cannot be trained or loaded.
       ValueError: no training pair survives the filters.
@@ -225,9 +335,11 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
     start = time.perf_counter()
     skipped: list[str] = []
     train_ds, dev_ds = _read(config, "train", skipped), _read(config, "dev", skipped)
-    test_ds = _read(config, "test", skipped) if need_test else None
-    train, dev = _text(train_ds), _text(dev_ds)
-    test = _text(test_ds) if need_test else Corpus([], [])
+    test_ds = _read(config, "test", skipped) if need_test else []
+    train_parts, dev_parts = _tagged(config, "train", train_ds), _tagged(config, "dev", dev_ds)
+    test_parts = _tagged(config, "test", test_ds) if need_test else []
+    train, dev, test = _joined(train_parts), _joined(dev_parts), _joined(test_parts)
+    several = len(train_parts) > 1
     stats: dict[str, float] = {
         "train_pairs_read": len(train.sources),
         "dev_pairs": len(dev.sources),
@@ -235,44 +347,67 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
         "read_seconds": time.perf_counter() - start,
     }
     start = time.perf_counter()
-    tokenizer = train_or_load_pair(
-        train.sources,
-        train.targets,
-        config.tokenizer,
-        workdir,
-        src_lang=d.src_lang,
-        tgt_lang=d.tgt_lang,
-    )
+    if tokenizer is None and config.train.init_from:  # the parent's, copied here by the run
+        tokenizer = load_pair(config.tokenizer, workdir, src_lang=d.src_lang, tgt_lang=d.tgt_lang)
+    if tokenizer is None:
+        tags = [t for t in corpus_tags(config) if t not in config.tokenizer.user_defined_symbols]
+        options = config.tokenizer
+        if tags:
+            options = replace(options, user_defined_symbols=[*options.user_defined_symbols, *tags])
+        tokenizer = train_or_load_pair(
+            train.sources,
+            train.targets,
+            options,
+            workdir,
+            src_lang=d.src_lang,
+            tgt_lang=d.tgt_lang,
+        )
+    _check_tags(config, tokenizer)
     stats["tokenizer_seconds"] = time.perf_counter() - start
     encode = _Encoder(Path(workdir) / "tokens", stats)
 
-    src = encode(tokenizer.source, train.sources, "train.source")
-    tgt = encode(tokenizer.target, train.targets, "train.target")
-    src_len = np.array([len(x) for x in src])
-    tgt_len = np.array([len(x) for x in tgt])
-    ratio = np.maximum(src_len, tgt_len) / np.maximum(np.minimum(src_len, tgt_len), 1)
-    keep = np.flatnonzero(
-        (src_len <= d.max_len) & (tgt_len <= d.max_len) & (ratio <= d.max_length_ratio)
-    )
-    stats["train_pairs_dropped_length"] = int(np.sum((src_len > d.max_len) | (tgt_len > d.max_len)))
-    stats["train_pairs_dropped_ratio"] = int(
-        len(src) - len(keep) - stats["train_pairs_dropped_length"]
-    )
-    stats["train_pairs"] = len(keep)
-    if len(keep) == 0:
-        raise ValueError(
-            f"no training pair is within max_len={d.max_len} tokens and ratio "
-            f"{d.max_length_ratio}; raise data.max_len"
-        )
-    src = [src[i] for i in keep]
-    tgt = [tgt[i] for i in keep]
-    if d.concat_pairs_to_tokens > 0:  # pseudo-documents (long inputs)
-        src, tgt = concat_pairs(src, tgt, d.concat_pairs_to_tokens, tokenizer.eos_id)
-        stats["train_documents"] = len(src)
     rows = max(1, d.max_tokens // d.max_len)
-    train_batches = PackedBatches(
-        src, tgt, max_len=d.max_len, rows=rows, seed=config.train.seed, packing=d.packing
-    )
+    kept_src: list[np.ndarray] = []
+    kept_tgt: list[np.ndarray] = []
+    packed = []
+    for i, part in enumerate(train_parts):
+        name = f"train{i}" if several else "train"
+        src = encode(tokenizer.source, part.sources, f"{name}.source")
+        tgt = encode(tokenizer.target, part.targets, f"{name}.target")
+        src_len = np.array([len(x) for x in src])
+        tgt_len = np.array([len(x) for x in tgt])
+        ratio = np.maximum(src_len, tgt_len) / np.maximum(np.minimum(src_len, tgt_len), 1)
+        keep = np.flatnonzero(
+            (src_len <= d.max_len) & (tgt_len <= d.max_len) & (ratio <= d.max_length_ratio)
+        )
+        long = int(np.sum((src_len > d.max_len) | (tgt_len > d.max_len)))
+        for key, value in (
+            ("train_pairs_dropped_length", long),
+            ("train_pairs_dropped_ratio", len(src) - len(keep) - long),
+            ("train_pairs", len(keep)),
+        ):
+            stats[key] = stats.get(key, 0) + value
+            if several:
+                stats[key.replace("train_", f"train_{i}_")] = value
+        if len(keep) == 0:
+            which = f" of data.train.{i}" if several else ""
+            raise ValueError(
+                f"no training pair{which} is within max_len={d.max_len} tokens and ratio "
+                f"{d.max_length_ratio}; raise data.max_len"
+            )
+        src, tgt = [src[k] for k in keep], [tgt[k] for k in keep]
+        kept_src += src
+        kept_tgt += tgt
+        packed.append(
+            PackedBatches(
+                src, tgt, max_len=d.max_len, rows=rows, seed=config.train.seed, packing=d.packing
+            )
+        )
+    train_batches: PackedBatches | MixedBatches = packed[0]
+    if several:
+        train_batches = MixedBatches(
+            packed, [s.weight for s in d.corpora("train")], seed=config.train.seed
+        )
     stats["train_real_token_share"] = train_batches.real_token_share(0)
 
     dev_src, cut_src = _truncate(
@@ -286,8 +421,8 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
         dev_src, dev_tgt, max_len=d.max_len, rows=rows, packing=d.packing, shuffle=False
     )
     unknown = {
-        "train.source": (src, tokenizer.source),
-        "train.target": (tgt, tokenizer.target),
+        "train.source": (kept_src, tokenizer.source),
+        "train.target": (kept_tgt, tokenizer.target),
         "dev.source": (dev_src, tokenizer.source),
         "dev.target": (dev_tgt, tokenizer.target),
     }
@@ -311,9 +446,10 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
         ),
     )
 
-    stats["dev_sources_in_train"] = overlap_report(train_ds, dev_ds)
+    train_all = concatenate_datasets(train_ds) if several else train_ds[0]
+    stats["dev_sources_in_train"] = overlap_report(train_all, concatenate_datasets(dev_ds))
     if need_test:
-        stats["test_sources_in_train"] = overlap_report(train_ds, test_ds)
+        stats["test_sources_in_train"] = overlap_report(train_all, concatenate_datasets(test_ds))
     if stats["dev_pairs_truncated"]:
         log.warning(
             "dev: %d pairs longer than data.max_len=%d tokens truncated (none dropped)",
@@ -327,4 +463,30 @@ def prepare(config: Config, workdir: str | Path, *, need_test: bool = True) -> P
             decode_source_limit(config),
         )
     log.info("data: %s", ", ".join(f"{k}={v:.6g}" for k, v in stats.items()))
-    return PreparedData(tokenizer, train_batches, dev_batches, dev, test, stats, skipped)
+
+    def parts(split: str, corpora: list[Corpus]) -> list[tuple[str, int]]:
+        return list(zip(corpus_labels(config, split), (len(c.sources) for c in corpora)))
+
+    return PreparedData(
+        tokenizer,
+        train_batches,
+        dev_batches,
+        dev,
+        test,
+        stats,
+        skipped,
+        corpus_labels(config, "train"),
+        parts("dev", dev_parts),
+        parts("test", test_parts) if need_test else [],
+    )
+
+
+def split_text(config: Config, split: str) -> Corpus:
+    """The raw text of a whole split, every entry in its direction and with its tag, in
+    order (what the run trained or was scored on; e.g. ``seq2seq-evaluate`` on the test
+    split).
+
+    Raises:
+      DataError: a corpus entry cannot be read.
+    """
+    return _joined(_tagged(config, split, _read(config, split, [])))

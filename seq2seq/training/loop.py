@@ -24,12 +24,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from seq2seq.config import Config, ConfigError
-from seq2seq.data.batching import PackedBatches
+from seq2seq.data.batching import MixedBatches, PackedBatches
 from seq2seq.data.pipeline import PreparedData
 from seq2seq.model import build_model
 from seq2seq.sharding import Partitioner, agree_to_stop, is_main_process
 from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.early_stopping import MODES, BestTracker
+from seq2seq.training.init_from import init_from_parent, resolve_parent
 from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.step import (
     abstract_train_state,
@@ -129,13 +130,19 @@ def check_train_config(config: Config) -> None:
         raise ConfigError(
             "train.best_metric=bleu needs train.dev_bleu=true (or use best_metric=loss)"
         )
+    if not 0.0 <= t.ema_decay < 1.0:
+        raise ConfigError(
+            f"train.ema_decay must be in [0, 1) (0 = no EMA; e.g. 0.999), got {t.ema_decay}"
+        )
     if t.test_checkpoint not in ("best", "last"):
         raise ConfigError(
             f"train.test_checkpoint must be 'best' or 'last', got {t.test_checkpoint!r}"
         )
 
 
-def train_batch(batches: PackedBatches, first: int, accum: int) -> dict[str, np.ndarray]:
+def train_batch(
+    batches: PackedBatches | MixedBatches, first: int, accum: int
+) -> dict[str, np.ndarray]:
     """Micro-batches ``first .. first+accum-1`` stacked as int32 ``[accum, rows, max_len]``.
 
     Optimizer step k of a run that never changed ``accum`` uses ``first = k · accum``; each
@@ -145,14 +152,22 @@ def train_batch(batches: PackedBatches, first: int, accum: int) -> dict[str, np.
     return {k: np.stack([m[k] for m in micro]) for k in micro[0]}
 
 
-def remap_position(batches: PackedBatches, position: int, old: Any) -> int:
+def remap_position(batches: PackedBatches | MixedBatches, position: int, old: Any) -> int:
     """The micro-batch of ``batches`` that starts where ``position`` micro-batches of the old
     batching (``old``: a ``DataConfig`` with ``max_len``, ``max_tokens``, ``packing``) ended.
 
     Epoch e shuffles the pairs with ``(seed, e)`` whatever the batching, so the same epoch is
     resumed at the first batch after the same share of its pairs (pairs longer than the old
     ``max_len`` are left out of the old view: the old run dropped them).
+
+    Raises:
+      ConfigError: several training corpora (their positions cannot be remapped).
     """
+    if isinstance(batches, MixedBatches):
+        raise ConfigError(
+            "data.max_tokens, data.max_len and data.packing cannot change on resume with "
+            "several training corpora (data.train is a list): resume with the saved values"
+        )
     keep = [
         i
         for i in range(len(batches.src))
@@ -243,6 +258,9 @@ class Progress:
       dev: the latest dev metrics.
       best: best-metric and patience bookkeeping.
       last_saved: the step of the newest checkpoint (None before the first one).
+      schedule_offset: optimizer updates made before this run's step 0 (the parent's step
+        with ``train.init_from`` and ``train.init_optimizer``): the learning rate logged at
+        step k is the schedule's at ``k + schedule_offset``.
     """
 
     step: int
@@ -255,6 +273,7 @@ class Progress:
     eval_seconds: float = 0.0
     dev: dict[str, float] = field(default_factory=dict)
     last_saved: int | None = None
+    schedule_offset: int = 0
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any] | None, step: int, config: Config) -> Progress:
@@ -272,12 +291,18 @@ class Progress:
             eval_seconds=float(meta.get("eval_seconds", 0.0)),
             dev=dict(meta.get("dev", {})),
             last_saved=step if resumed else None,
+            schedule_offset=int(meta.get("schedule_offset", 0)),
         )
 
-    def to_meta(self, batches: PackedBatches) -> dict[str, Any]:
-        """JSON metadata for a checkpoint at ``step`` (with the data epoch, for people)."""
+    def to_meta(self, batches: PackedBatches | MixedBatches) -> dict[str, Any]:
+        """JSON metadata for a checkpoint at ``step`` (with the data epoch, for people, and the
+        micro-batches each training corpus served when there are several)."""
         epoch, index = batches.locate(self.micro_batches)
+        extra = {}
+        if isinstance(batches, MixedBatches):
+            extra["corpus_batches"] = [int(n) for n in batches.counts(self.micro_batches)]
         return {
+            **extra,
             "step": self.step,
             "micro_batches": self.micro_batches,
             "data_epoch": epoch,
@@ -289,6 +314,7 @@ class Progress:
             "eval_seconds": self.eval_seconds,
             "dev": self.dev,
             "best": self.best.to_json(),
+            "schedule_offset": self.schedule_offset,
         }
 
 
@@ -325,19 +351,25 @@ class FitResult:
 
 
 def _load_or_init(config: Config, checkpointer: Checkpointer, partitioner: Partitioner):
-    """(graphdef, TrainState placed on the mesh, checkpoint meta or None)."""
+    """(graphdef, TrainState placed on the mesh, checkpoint meta or None, optimizer updates
+    made before step 0). A run with a checkpoint resumes from it; else it starts from
+    ``train.init_from`` when set (``seq2seq.training.init_from``), else from a random init."""
     graphdef, abstract = abstract_train_state(config)
     if checkpointer.latest_step() is None:
         t = config.train
+        parent = resolve_parent(config)
+        if parent is not None:
+            state, offset = init_from_parent(config, parent, partitioner, abstract)
+            return graphdef, state, None, offset
         state = partitioner.init_state(
             lambda: create_train_state(
-                build_model(config.model, t.seed), make_optimizer(t), t.seed
+                build_model(config.model, t.seed), make_optimizer(t), t.seed, ema=t.ema_decay > 0
             )[1],
             abstract,
         )
-        return graphdef, state, None
+        return graphdef, state, None, 0
     state, meta = checkpointer.restore(partitioner.abstract(abstract))
-    return graphdef, state, meta
+    return graphdef, state, meta, 0
 
 
 def fit(
@@ -383,8 +415,9 @@ def fit(
         )
         partitioner = Partitioner.from_config(config)
         log.info("%s", partitioner)
-        graphdef, state, meta = _load_or_init(config, checkpointer, partitioner)
+        graphdef, state, meta, offset = _load_or_init(config, checkpointer, partitioner)
         progress = Progress.from_meta(meta, int(state.step), config)
+        progress.schedule_offset = progress.schedule_offset or offset
         if meta is not None and remap_data_from is not None:
             old = progress.micro_batches
             progress.micro_batches = remap_position(data.train, old, remap_data_from)
@@ -518,13 +551,27 @@ def log_train(loop: Loop) -> None:
     p, c = loop.progress, loop.config.train
     row = _train_row(
         loop.pending,
-        p.step,
+        p.step + p.schedule_offset,
         learning_rate_schedule(c),
         loop.window_real,
         time.perf_counter() - loop.window_start,
         loop.data.train,
         c.grad_accum_steps,
     )
+    batches = loop.data.train
+    if isinstance(batches, MixedBatches):  # the observed share of each corpus so far
+        counts = batches.counts(p.micro_batches)
+        shares = counts / max(int(counts.sum()), 1)
+        row.update({f"corpus_share_{n}": float(x) for n, x in zip(loop.data.train_corpora, shares)})
+        log.info(
+            "step %d: corpus shares of the %d micro-batches so far: %s",
+            p.step,
+            int(counts.sum()),
+            ", ".join(
+                f"{n} {x:.1%} (weight {w:.1%})"
+                for n, x, w in zip(loop.data.train_corpora, shares, batches.weights)
+            ),
+        )
     loop.writer.write(p.step, "train", row)
     loop.bar.set_postfix(
         loss=f"{row['loss']:.3f}",
@@ -540,7 +587,7 @@ def evaluate(loop: Loop) -> None:
     when ``train.keep_best``."""
     p, c = loop.progress, loop.config.train
     t1 = time.perf_counter()
-    p.dev = loop.evaluate_dev(loop.state.params)
+    p.dev = loop.evaluate_dev(loop.state.eval_params)  # the EMA when it is kept
     p.eval_seconds += time.perf_counter() - t1
     loop.window_start += time.perf_counter() - t1  # tokens/s counts training time only
     improved = p.best.update(p.dev[c.best_metric], p.step, loss=p.dev["loss"])
@@ -639,6 +686,7 @@ def _train_loop(
         bos_id=data.tokenizer.bos_id,
         label_smoothing=tcfg.label_smoothing,
         row_axis=1,
+        ema_decay=tcfg.ema_decay,
     )
     evaluate_dev = dev_evaluator(graphdef, shardings.params, data, config, partitioner, dev_bleu)
     actions = default_actions(config, extra_actions)
@@ -716,7 +764,7 @@ def _diverged_message(p: Progress, in_a_row: int, limit: int) -> str:
 
 
 def _train_row(
-    pending, step, schedule, real, seconds, batches: PackedBatches, accum
+    pending, step, schedule, real, seconds, batches: PackedBatches | MixedBatches, accum
 ) -> dict[str, float]:
     sums = {k: float(sum(jax.device_get([p[k] for p in pending]))) for k in pending[0]}
     tokens = max(sums["tokens"], 1.0)
@@ -756,7 +804,7 @@ def _test_params(
     step = int(state.step)
     want = best.step if config.train.test_checkpoint == "best" else None
     if want is None or want == step:
-        return state.params, step
+        return state.eval_params, step
     if want not in checkpointer.all_steps():
         log.warning(
             "best checkpoint (step %d) was not kept (train.keep_best=false); testing the "
@@ -764,8 +812,8 @@ def _test_params(
             want,
             step,
         )
-        return state.params, step
+        return state.eval_params, step
     _, abstract = abstract_train_state(config)
     restored, _ = checkpointer.restore(partitioner.abstract(abstract), want)
     log.info("testing the best checkpoint (step %d, dev %s %.4g)", want, best.metric, best.value)
-    return restored.params, want
+    return restored.eval_params, want

@@ -40,6 +40,8 @@ class TrainState:
       opt_state: optax state for ``params``.
       rng: base PRNG key; the dropout key of step k is ``fold_in(rng, k)``.
       skipped: int32 scalar, consecutive steps skipped for a non-finite loss or gradient.
+      ema: the exponential moving average of ``params`` (same structure, float32) when
+        ``train.ema_decay`` > 0, else None (no leaves: checkpoints without EMA are unchanged).
     """
 
     step: jax.Array
@@ -47,6 +49,12 @@ class TrainState:
     opt_state: Any
     rng: jax.Array
     skipped: jax.Array
+    ema: Any = None
+
+    @property
+    def eval_params(self) -> Any:
+        """The weights to evaluate and decode: the EMA when it is kept, else ``params``."""
+        return self.params if self.ema is None else self.ema
 
 
 def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
@@ -90,9 +98,10 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
 
 
 def create_train_state(
-    model: nnx.Module, tx: optax.GradientTransformation, seed: int
+    model: nnx.Module, tx: optax.GradientTransformation, seed: int, *, ema: bool = False
 ) -> tuple[nnx.GraphDef, TrainState]:
-    """Split a model into its static graph and a fresh ``TrainState``."""
+    """Split a model into its static graph and a fresh ``TrainState`` (``ema``: keep an EMA
+    of the weights, starting at the initial weights)."""
     graphdef, params = nnx.split(model, nnx.Param)
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
@@ -100,8 +109,14 @@ def create_train_state(
         opt_state=tx.init(params),
         rng=jax.random.key_data(jax.random.key(seed)),
         skipped=jnp.zeros((), jnp.int32),
+        ema=jax.tree.map(jnp.copy, params) if ema else None,
     )
     return graphdef, state
+
+
+def ema_update(ema: Any, params: Any, decay: float) -> Any:
+    """One EMA step: ``decay · ema + (1 - decay) · params`` per leaf, in float32."""
+    return jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, ema, params)
 
 
 def abstract_train_state(config: Config) -> tuple[nnx.GraphDef, TrainState]:
@@ -113,7 +128,12 @@ def abstract_train_state(config: Config) -> tuple[nnx.GraphDef, TrainState]:
 
     def init():
         model = build_model(config.model, config.train.seed)
-        graphdef, state = create_train_state(model, make_optimizer(config.train), config.train.seed)
+        graphdef, state = create_train_state(
+            model,
+            make_optimizer(config.train),
+            config.train.seed,
+            ema=config.train.ema_decay > 0,
+        )
         holder["graphdef"] = graphdef
         return state
 
@@ -251,6 +271,7 @@ def make_train_step(
     bos_id: int,
     label_smoothing: float,
     param_layout: Any = None,
+    ema_decay: float = 0.0,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """The optimizer step (teacher forcing, loss averaged over the real target tokens).
 
@@ -269,6 +290,8 @@ def make_train_step(
         shift_right) and label smoothing ε.
       param_layout: shardings of the parameters while the step computes
         (``Partitioner.compute_layout``, e.g. gathered over ``fsdp``); None: as they come.
+      ema_decay: when ``state.ema`` is kept, it becomes ``ema_update(ema, new params,
+        ema_decay)`` after a good step (a skipped step leaves it unchanged).
 
     The returned function takes ``state`` and int32 arrays ``batch`` ``[rows, max_len]`` (one
     batch) or ``[accum, rows, max_len]`` (``accum`` micro-batches, see
@@ -303,6 +326,9 @@ def make_train_step(
             params=keep(new_params, state.params),
             opt_state=keep(new_opt_state, state.opt_state),
             skipped=jnp.where(ok, 0, state.skipped + 1),
+            ema=None
+            if state.ema is None
+            else keep(ema_update(state.ema, new_params, ema_decay), state.ema),
         )
         metrics = dict(sums, grad_norm=grad_norm, skipped=(~ok).astype(jnp.float32))
         return new_state, metrics
@@ -334,6 +360,7 @@ def sharded_train_step(
     bos_id: int,
     label_smoothing: float,
     row_axis: int = 0,
+    ema_decay: float = 0.0,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """``make_train_step`` compiled over ``partitioner``'s mesh, as the training loop runs it.
 
@@ -341,7 +368,7 @@ def sharded_train_step(
     abstract state: one executable for every step, the optimizer state sharded like the
     parameters) and is donated; its parameters compute gathered over ``fsdp``; the batch's
     rows (axis ``row_axis``: 1 for micro-batches ``[accum, rows, length]``) are split over
-    ``data × fsdp``; the metrics come out replicated.
+    ``data × fsdp``; the metrics come out replicated. ``ema_decay``: see ``make_train_step``.
     """
     train_step = make_train_step(
         graphdef,
@@ -349,6 +376,7 @@ def sharded_train_step(
         bos_id=bos_id,
         label_smoothing=label_smoothing,
         param_layout=partitioner.compute_layout(shardings.params),
+        ema_decay=ema_decay,
     )
     return partitioner.jit(
         train_step,

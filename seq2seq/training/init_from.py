@@ -1,0 +1,196 @@
+"""Fine-tuning: a run that starts from the weights of a trained run (``train.init_from``).
+
+The parent is a run directory (its newest checkpoint) or one checkpoint directory
+``<workdir>/checkpoints/<step>``. Its model settings must match this run's (the dropout rates
+and ``model.dtype`` may differ: they change no parameter); the first key that differs is
+named with both values. The new run loads the parent's parameters and, with
+``train.init_optimizer``, its optimizer state; everything else (step 0, RNG from
+``train.seed``, data position, counters, best-checkpoint bookkeeping, the EMA, which starts
+at the loaded weights) starts fresh. Only a run without a checkpoint of its own starts so: a
+resume continues from its own checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from seq2seq.config import Config, ConfigError, ModelConfig, load_config, replace
+from seq2seq.model import build_model
+from seq2seq.sharding import Partitioner
+from seq2seq.training.checkpoints import Checkpointer, _path
+from seq2seq.training.step import abstract_train_state, create_train_state, make_optimizer
+from seq2seq.workdir import checkpoint_dir, checkpoint_steps, config_path
+
+log = logging.getLogger(__name__)
+
+# Model settings a fine-tuning run may change: they change no parameter shape or meaning.
+FREE_MODEL_KEYS = ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate", "dtype")
+
+
+@dataclass(frozen=True)
+class Parent:
+    """The run a fine-tuning run starts from.
+
+    Attributes:
+      workdir: the parent's run directory.
+      step: the checkpoint loaded.
+      config: the parent's saved ``config.yaml``.
+    """
+
+    workdir: Path
+    step: int
+    config: Config
+
+
+def resolve_parent(config: Config) -> Parent | None:
+    """The parent named by ``train.init_from`` (None when unset), reading only its
+    ``config.yaml`` and its checkpoint folder names.
+
+    Raises:
+      ConfigError: the path is neither a run directory with a checkpoint nor a checkpoint
+        directory of one, or it is this run's own workdir.
+    """
+    value = config.train.init_from
+    if not value:
+        return None
+    key = f"train.init_from={value}"
+    path = Path(value)
+    if config_path(path).is_file():
+        workdir = path
+        steps = checkpoint_steps(workdir)
+        if not steps:
+            raise ConfigError(f"{key}: the run holds no checkpoint in {checkpoint_dir(workdir)}")
+        step = steps[-1]
+    elif path.name.isdigit() and config_path(path.parent.parent).is_file():
+        workdir, step = path.parent.parent, int(path.name)
+        if step not in checkpoint_steps(workdir):
+            raise ConfigError(
+                f"{key}: no checkpoint of step {step}; the run has {checkpoint_steps(workdir)}"
+            )
+    else:
+        raise ConfigError(
+            f"{key}: not a run directory (no config.yaml) nor a checkpoint directory "
+            "<workdir>/checkpoints/<step> of one"
+        )
+    if workdir.resolve() == Path(config.workdir).resolve():
+        raise ConfigError(f"{key} is this run's own workdir: rerun without it to resume")
+    return Parent(workdir, step, load_config(config_path(workdir)))
+
+
+def parent_model(config: Config, parent: Parent) -> Config:
+    """``config`` with the vocabulary sizes it leaves at 0 taken from the parent."""
+    m, pm = config.model, parent.config.model
+    return replace(
+        config,
+        **{
+            "model.vocab_size": m.vocab_size or pm.vocab_size,
+            "model.src_vocab_size": m.src_vocab_size or pm.src_vocab_size,
+        },
+    )
+
+
+def check_init_from(config: Config) -> Parent | None:
+    """Check ``train.init_from`` / ``train.init_optimizer`` before any work (shapes are
+    compared abstractly, nothing is read but the parent's config and folder names).
+
+    Returns:
+      The parent, or None without ``train.init_from``.
+
+    Raises:
+      ConfigError: a bad path (``resolve_parent``); ``init_optimizer`` without ``init_from``;
+        a tokenizer file set together with ``init_from`` (the parent's is used); the first
+        model setting that differs from the parent's, with both values; the first parameter
+        whose shape differs, with both shapes; with ``init_optimizer``, an optimizer of
+        another structure (e.g. ``train.clip_norm`` 0 on one side only).
+    """
+    t = config.train
+    parent = resolve_parent(config)
+    if parent is None:
+        if t.init_optimizer:
+            raise ConfigError("train.init_optimizer=true needs train.init_from")
+        return None
+    key = f"train.init_from={t.init_from}"
+    tok = config.tokenizer
+    if tok.model_file or tok.src_model_file or tok.tgt_model_file:
+        raise ConfigError(
+            f"{key} reuses the parent's SentencePiece model(s): leave tokenizer.model_file, "
+            "src_model_file and tgt_model_file unset"
+        )
+    for f in dataclasses.fields(ModelConfig):
+        if f.name in FREE_MODEL_KEYS:
+            continue
+        have, want = getattr(parent.config.model, f.name), getattr(config.model, f.name)
+        if f.name in ("vocab_size", "src_vocab_size") and want == 0:
+            continue
+        if have != want:
+            raise ConfigError(
+                f"{key}: the model does not match the parent's: model.{f.name} is {have!r} in "
+                f"{config_path(parent.workdir)} but {want!r} here"
+            )
+    _, mine = abstract_train_state(parent_model(config, parent))
+    _, theirs = abstract_train_state(parent.config)
+    shapes = {_path(k): v.shape for k, v in jax.tree_util.tree_flatten_with_path(theirs.params)[0]}
+    for k, v in jax.tree_util.tree_flatten_with_path(mine.params)[0]:
+        name = _path(k).replace(".value", "")
+        if shapes.get(_path(k)) != v.shape:
+            raise ConfigError(
+                f"{key}: parameter {name} has shape {shapes.get(_path(k))} in the parent but "
+                f"{tuple(v.shape)} here"
+            )
+    structures = [str(jax.tree.structure(x.opt_state)) for x in (mine, theirs)]
+    if t.init_optimizer and structures[0] != structures[1]:
+        raise ConfigError(
+            f"{key} with train.init_optimizer=true: the optimizer state of the parent has "
+            "another structure (train.clip_norm is 0 on one side only?); set "
+            "train.init_optimizer=false or match the parent's optimizer settings"
+        )
+    return parent
+
+
+def init_from_parent(
+    config: Config, parent: Parent, partitioner: Partitioner, abstract: Any
+) -> tuple[Any, int]:
+    """This run's initial TrainState from the parent's checkpoint, placed like ``abstract``.
+
+    Returns:
+      (the state at step 0, the optimizer updates already made: the parent's step with
+      ``train.init_optimizer``, else 0).
+
+    Raises:
+      CheckpointError: the parent's checkpoint cannot be read or does not match.
+    """
+    t = config.train
+    _, theirs = abstract_train_state(parent.config)
+    checkpointer = Checkpointer(checkpoint_dir(parent.workdir), async_save=False)
+    try:
+        restored, _ = checkpointer.restore(partitioner.abstract(theirs), parent.step)
+    finally:
+        checkpointer.close()
+    tx = make_optimizer(t)
+
+    def init(loaded: Any) -> Any:
+        model = build_model(config.model, t.seed)
+        fresh = create_train_state(model, tx, t.seed, ema=t.ema_decay > 0)[1]
+        params = loaded.params
+        return dataclasses.replace(
+            fresh,
+            params=params,
+            opt_state=loaded.opt_state if t.init_optimizer else tx.init(params),
+            ema=None if fresh.ema is None else jax.tree.map(jnp.copy, params),
+        )
+
+    state = jax.jit(init, out_shardings=partitioner.shardings(abstract))(restored)
+    log.info(
+        "initialised from %s (step %d)%s",
+        checkpoint_dir(parent.workdir) / str(parent.step),
+        parent.step,
+        " with its optimizer state" if t.init_optimizer else "; fresh optimizer and schedule",
+    )
+    return state, int(restored.step) if t.init_optimizer else 0
