@@ -18,6 +18,7 @@ COMMANDS = {
     "score": cli.score_main,
     "average": cli.average_main,
     "plot": cli.plot_main,
+    "export": cli.export_main,
     "params": cli.params_main,
     "serve": cli.serve_main,
 }

@@ -791,3 +791,55 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     print(f"serving {args.workdir} on http://{args.host}:{args.port}/", file=sys.stderr)
     serve(make_app(service), args.host, args.port)
     return 0
+
+
+def export_main(argv: Sequence[str] | None = None) -> int:
+    """``seq2seq-export --workdir DIR --to {ctranslate2,safetensors} OUT [--push REPO]``."""
+    from seq2seq.export import FORMATS
+
+    parser = argparse.ArgumentParser(
+        prog="seq2seq-export",
+        description="Export a trained run: a CTranslate2 model or safetensors weights, with the "
+        "SentencePiece model(s), the config and a README carrying the run's test BLEU.",
+    )
+    parser.add_argument("--workdir", required=True, help="run directory written by seq2seq-train")
+    parser.add_argument(
+        "--to",
+        nargs=2,
+        required=True,
+        metavar=("FORMAT", "OUT"),
+        help=f"format ({', '.join(FORMATS)}) and the new output directory",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=_nonnegative_int,
+        help="checkpoint step (default: the one the run's test score used)",
+    )
+    parser.add_argument(
+        "--quantization",
+        help="CTranslate2 weight type at conversion (e.g. int8, float16; default float32)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    parser.add_argument(
+        "--push", metavar="REPO", help="upload OUT to this Hugging Face hub model repository"
+    )
+    args = parser.parse_args(argv)
+    to, out = args.to
+    _setup_logging()
+    from seq2seq.export import export_run, push_to_hub
+
+    try:
+        path = export_run(
+            args.workdir,
+            to,
+            out,
+            step=args.checkpoint,
+            quantization=args.quantization,
+            overwrite=args.overwrite,
+        )
+        print(f"exported {args.workdir} as {to} to {path}")
+        if args.push:
+            print(f"pushed to {args.push}: {push_to_hub(path, args.push)}")
+    except (ValueError, OSError, RuntimeError) as e:
+        return _fail(str(e))
+    return 0
