@@ -769,14 +769,27 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
         default=8,
         help="hypotheses per sentence a request may ask for (default 8, at most the beam)",
     )
+    net.add_argument(
+        "--warmup",
+        action="store_true",
+        help="before serving, compile the search for every batch shape of sentences up to 64 "
+        "tokens (1, 2, 4, ... rows up to --max-batch): no first-request compile pauses",
+    )
     args = parser.parse_args(argv)
     _setup_logging()
-    from seq2seq.serve import Limits, Service, make_app, serve
+    from seq2seq.serve import Limits, Service, make_app, serve, warm_up
 
     try:
         config, tokenizer, graphdef, params, decode = _load(args)
         translator = _translator(args, config, tokenizer, graphdef, params, decode)
-        translator.translate(["Hello."])  # compile before the first request
+        start = time.perf_counter()
+        if args.warmup:
+            shapes = warm_up(translator, args.max_batch)
+            logging.getLogger(__name__).info(
+                "warm-up: %d batch shapes compiled in %.1f s", shapes, time.perf_counter() - start
+            )
+        else:
+            translator.translate(["Hello."])  # compile the one-sentence search at least
     except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
     service = Service(

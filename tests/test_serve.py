@@ -280,7 +280,9 @@ def test_load_on_the_serve_command(run_dir, translator, tmp_path):
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "seq2seq", "serve", "--workdir", str(run_dir), *BEAM]
-        + ["--port", str(port), "--batch-window-ms", "20"],
+        + ["--host", "127.0.0.1", "--port", str(port), "--batch-window-ms", "20", "--warmup"]
+        + ["--max-batch", "16", "--max-sentences", "8", "--max-body-bytes", "50000"]
+        + ["--max-nbest", "2"],
         env=cli_env(),
         cwd=ROOT,
         stdout=log,
@@ -301,8 +303,6 @@ def test_load_on_the_serve_command(run_dir, translator, tmp_path):
         with gzip.open(ROOT / "data/tatoeba-en-es/test.en.gz", "rt", encoding="utf-8") as f:
             lines = f.read().split("\n")[:100]
         batches = [lines[2 * i : 2 * i + 1 + i % 3] for i in range(48)]
-        for part in (lines[:50], lines[50:]):  # compile each width bucket before timing
-            assert _request(url + "/translate", {"q": part})[0] == 200
         result = load_test.load_test(url, batches, 8, "en", "es")
         print("\n" + load_test.report(result, 8))
         ref = [h[0].text for h in _reference(translator, lines)]
@@ -311,12 +311,21 @@ def test_load_on_the_serve_command(run_dir, translator, tmp_path):
         assert 0 < result["p50"] <= result["p99"] and result["sentences"] == 96 == sum(
             map(len, batches)
         )
-        calls = _get(url + "/health")[1]["decode_calls"]
-        assert calls < 48, calls  # requests shared decodes
+        health = _get(url + "/health")[1]
+        assert health["decode_calls"] < 48, health  # requests shared decodes
+        assert (health["max_nbest"], health["max_sentences"]) == (2, 8)
+        status, out = _request(url + "/translate", {"q": ["a"] * 9})
+        assert status == 413 and "the limit is 8 per request" in out["error"]
+        status, out = _request(url + "/translate", {"q": "x" * 60_000})
+        assert status == 413 and "the limit is 50000" in out["error"]
+        status, out = _request(url + "/translate", {"q": "a", "alternatives": 2})
+        assert status == 400 and "between 0 and 1" in out["error"]
     finally:
         proc.terminate()
         proc.wait(30)
         log.close()
+    # one row per decode (--max-tokens 16): the 16-, 32- and 64-token buckets, compiled first
+    assert "warm-up: 3 batch shapes compiled" in (tmp_path / "serve.log").read_text()
 
 
 def test_cross_attention_is_the_models_teacher_forced_softmax(translator):
@@ -482,3 +491,8 @@ def test_the_page_in_headless_chromium(server, translator, tmp_path):
             driver.save_screenshot(os.environ["SEQ2SEQ_SCREENSHOT"])
     finally:
         driver.quit()
+
+
+def test_serve_command_names_a_bad_run_before_it_binds(tmp_path, capsys):
+    assert cli.serve_main(["--workdir", str(tmp_path / "none"), "--port", "1"]) == 2
+    assert f"{tmp_path / 'none'} is not a run directory" in capsys.readouterr().err
