@@ -24,6 +24,7 @@ from seq2seq.data.tokenizer import load_pair
 from seq2seq.model import build_model
 from seq2seq.run import check_run_config
 from seq2seq.training.checkpoints import Checkpointer
+from seq2seq.training.loop import remap_position
 from seq2seq.training.metrics import read_metrics
 from seq2seq.training.step import (
     abstract_train_state,
@@ -126,6 +127,20 @@ def test_corpus_lists_load_and_bad_values_are_named_errors(tmp_path):
         assert message in str(e.value), (override, str(e.value))
     with pytest.raises(ConfigError, match=r"data.train is a list of 2 corpora.*data.train.2"):
         tiny_config(corpus, tmp_path / "run", *_mix_overrides(corpus), "data.train.2.path=x")
+
+
+def test_bad_corpus_values_stop_seq2seq_train_before_any_work(tmp_path, capsys):
+    corpus = {s: str(tmp_path / s) for s in ("train", "dev", "test")}  # never read
+    workdir = tmp_path / "run"
+    zero = [*_mix_overrides(corpus), "data.train.0.weight=0", "data.train.1.weight=0"]
+    assert cli.train_main(tiny_overrides(corpus, workdir, *zero)) == 2
+    err = capsys.readouterr().err
+    assert "the weights of data.train (0.0, 0.0) must sum to a positive number" in err
+    assert "Traceback" not in err and not workdir.exists()
+    # a mixture's data position cannot be remapped to another batching
+    mixed = MixedBatches([_corpus(10, 20), _corpus(11, 20)], [1, 1], seed=0)
+    with pytest.raises(ConfigError, match="several training corpora"):
+        remap_position(mixed, 3, None)
 
 
 # --- the real seq2seq-train on a tiny model --------------------------------------------------
