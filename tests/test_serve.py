@@ -423,8 +423,8 @@ CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
     reason="needs Chromium and its driver from the system packages "
     "(apt-get install -y chromium chromium-driver; .ci/run installs them)",
 )
-def test_the_page_in_headless_chromium(server, translator, tmp_path):
-    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager never downloads a driver or browser
+def test_the_page_in_headless_chromium(server, translator, tmp_path, monkeypatch):
+    monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager never downloads anything
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service as DriverService
     from selenium.webdriver.common.by import By
