@@ -23,6 +23,7 @@ from seq2seq.data.pipeline import prepare
 from seq2seq.data.tokenizer import load_pair
 from seq2seq.model import build_model
 from seq2seq.run import check_run_config
+from seq2seq.trained import average_checkpoints, load_trained
 from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.loop import remap_position
 from seq2seq.training.metrics import read_metrics
@@ -204,6 +205,23 @@ def test_ema_equals_the_recurrence_of_the_saved_params(both):
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-7)
     # and it is not the parameters themselves
     assert not np.allclose(jax.tree.leaves(state.ema)[0], jax.tree.leaves(state.params)[0])
+
+
+@pytest.mark.slow
+def test_translate_and_average_read_the_ema(both, tmp_path):
+    config = load_config(both / "config.yaml")
+    _, state3, _ = _restore(both, 3)
+    _, state4, _ = _restore(both, 4)
+    assert_trees_equal(load_trained(both, 4)[3], state4.ema)
+    output, steps = average_checkpoints(both, tmp_path / "avg", steps=[3, 4])
+    averaged = load_trained(output, 4)[3]
+    mean = jax.tree.map(
+        lambda a, b: ((np.asarray(a, np.float64) + np.asarray(b)) / 2).astype(np.float32),
+        state3.ema,
+        state4.ema,
+    )
+    assert_trees_equal(averaged, mean)
+    assert config.train.ema_decay == DECAY and steps == [3, 4]
 
 
 @pytest.mark.slow
