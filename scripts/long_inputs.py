@@ -11,7 +11,7 @@ length n (``--lengths``, default 1k … 32k tokens) and each path it reports:
 
 For each: the compiled ``memory_analysis()`` temp bytes (XLA's buffer plan; compile only,
 nothing allocated, so it is given at every length), and, in a child process per point, the
-measured peak RSS (``ru_maxrss``) and the median time of ``--repeats`` calls. A point whose
+measured peak RSS (``VmHWM``) and the median time of ``--repeats`` calls. A point whose
 predicted memory (temp + arguments + outputs) exceeds ``--budget-gib`` or whose predicted time
 exceeds ``--max-seconds`` is not run (a note says why). It prints the notes' table (one n × n
 matrix of 2-byte numbers per head and layer) beside ours and draws the curve (``--png``).
@@ -165,8 +165,20 @@ def run_child(kind: str, attention: str, n: int, q_block: int, kv_block: int, re
     return {
         "seconds_median": statistics.median(times),
         "seconds": times,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss(),
     }
+
+
+def peak_rss() -> int:
+    """This process's peak RSS in bytes: Linux ``VmHWM`` (``getrusage``'s ``ru_maxrss``
+    survives ``exec`` and can report the parent's peak), else ``ru_maxrss``."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def measured(kind, attention, n, q_block, kv_block, repeats, timeout):
