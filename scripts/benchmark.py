@@ -731,6 +731,7 @@ class Bench:
                     full=len(sources) == len(split),
                 )
             out["kv_cache"] = self.kv_cache(config, tokenizer, graphdef, params, sources)
+            out["ctranslate2"] = self.ctranslate2_test(config, tokenizer, params, sources)
         fixed = [name for name in a.presets if name in FIXED]
         out["fixed"] = {name: self.decode_fixed(name) for name in fixed}
         out["fixed_greedy"] = {name: self.decode_fixed_greedy(name) for name in fixed}
@@ -781,6 +782,58 @@ class Bench:
             f"{res['sentences_per_second']:.1f} sentences/s, {res['output_tokens_per_second']:.0f} "
             f"output tokens/s (mean output {res['mean_output_tokens']:.1f} tokens incl. EOS)"
         )
+        return res
+
+    def ctranslate2_test(self, config, tokenizer, params, sources) -> dict[str, Any]:
+        """CTranslate2's beam-4 decoding of the same test sources with this model exported by
+        ``seq2seq.export`` (float32 and int8 weights and compute; as many intra-op threads as
+        this process may use), next to ours above. CTranslate2 has no GNMT length penalty, so
+        it runs our rules with ``decode.length_penalty=plain`` (same α): the same work per
+        step, possibly a few different outputs. Skipped (with the reason) when ``ctranslate2``
+        is not installed or the model has a scheme it lacks."""
+        import importlib.util
+
+        from seq2seq.export import ctranslate2_translate, write_ctranslate2
+
+        if importlib.util.find_spec("ctranslate2") is None:
+            say("  CTranslate2: not installed (pip install 'seq2seq[export]'); skipped")
+            return {"skipped": "ctranslate2 is not installed"}
+        if config.model.positions == "alibi":
+            say("  CTranslate2: model.positions=alibi cannot be exported; skipped")
+            return {"skipped": "model.positions=alibi cannot be exported"}
+        import ctranslate2
+
+        penalty = config.decode.length_penalty
+        decode = replace(
+            config.decode, beam_size=4, length_penalty="plain" if penalty == "gnmt" else penalty
+        )
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        res: dict[str, Any] = {"decode_config": dataclasses.asdict(decode), "threads": threads}
+        with tempfile.TemporaryDirectory() as tmp:
+            for compute in ("float32", "int8"):
+                path = write_ctranslate2(
+                    config.model, tokenizer, params, Path(tmp) / compute, quantization=compute
+                )
+                translator = ctranslate2.Translator(
+                    str(path), device="cpu", compute_type=compute, intra_threads=threads
+                )
+                ctranslate2_translate(translator, tokenizer, sources[:8], decode)  # warm-up
+                t = time.perf_counter()
+                outs = ctranslate2_translate(translator, tokenizer, sources, decode)
+                seconds = max(time.perf_counter() - t, 1e-9)
+                out_tokens = sum(len(ids) + 1 for (ids, _), s in zip(outs, sources) if s.strip())
+                res[compute] = {
+                    "sentences": len(sources),
+                    "seconds": seconds,
+                    "sentences_per_second": len(sources) / seconds,
+                    "output_tokens_per_second": out_tokens / seconds,
+                    "mean_output_tokens": out_tokens / max(len(sources), 1),
+                }
+                say(
+                    f"  CTranslate2 {compute}, beam 4 (plain length penalty): {len(sources)} "
+                    f"sentences in {seconds:.2f} s: {res[compute]['sentences_per_second']:.1f} "
+                    f"sentences/s, {res[compute]['output_tokens_per_second']:.0f} output tokens/s"
+                )
         return res
 
     def kv_cache(self, config, tokenizer, graphdef, params, sources) -> dict[str, Any]:

@@ -115,7 +115,7 @@ class Seq2seqConverter(Converter):
 
     # -- pieces -----------------------------------------------------------------------------
     def _p(self, name: str) -> np.ndarray:
-        return np.asarray(self.params[name], np.float32)
+        return np.array(self.params[name], np.float32)  # a writable copy (quantization)
 
     def _linear(self, spec, *names: str) -> None:
         """One CTranslate2 linear from one or more of our ``nnx.Linear`` (fused along out)."""

@@ -125,7 +125,9 @@ def write_ctranslate2(
     return Path(converter.convert(str(out), quantization=quantization, force=True))
 
 
-def ctranslate2_options(decode: DecodeConfig, tokenizer: TokenizerPair) -> dict[str, Any]:
+def ctranslate2_options(
+    decode: DecodeConfig, tokenizer: TokenizerPair, *, suppress_special: bool = True
+) -> dict[str, Any]:
     """``Translator.translate_batch`` options that run our beam search's rules.
 
     CTranslate2 takes the top 2·beam candidates per step and finishes the ones ending in EOS
@@ -135,11 +137,13 @@ def ctranslate2_options(decode: DecodeConfig, tokenizer: TokenizerPair) -> dict[
     Remaining differences, which a trained model rarely meets: CTranslate2 stops a sentence once
     ``beam`` hypotheses are finished (ours once no live beam can beat them); a hypothesis that
     reaches the length limit ends there without EOS (ours is given EOS at the last position);
-    a token it disables (``disable_unk``, unless ``decode.allow_unk``) is removed before the
-    softmax, so its scores are renormalized over the other tokens (ours are the model's own
-    log-probabilities); and it does not exclude PAD and BOS, which ours never generates (a
-    trained model gives them almost no probability: they are never targets). With
-    ``decode.allow_unk`` the two score every hypothesis alike.
+    and the tokens we never produce (PAD and BOS with ``suppress_special``, and UNK unless
+    ``decode.allow_unk``: ``suppress_sequences``, ``disable_unk``) are removed before
+    CTranslate2's softmax, so its scores are renormalized over the other tokens where ours
+    are the model's own log-probabilities. A trained model gives PAD and BOS almost no
+    probability (they are never targets); without ``suppress_special`` and with
+    ``decode.allow_unk`` CTranslate2 scores every hypothesis as we do, but may output a BOS
+    or PAD piece where ours cannot.
 
     Raises:
       ExportError: ``decode.length_penalty=gnmt`` ((5+|Y|)/6)^α, which CTranslate2 (≥ 3) lacks,
@@ -152,23 +156,33 @@ def ctranslate2_options(decode: DecodeConfig, tokenizer: TokenizerPair) -> dict[
             "decode.length_penalty=gnmt ((5+|Y|)/6)^alpha has no CTranslate2 counterpart "
             "(its length_penalty divides by |Y|^alpha): use decode.length_penalty=plain"
         )
+    sp = tokenizer.target.sp
     return dict(
         beam_size=decode.beam_size,
         length_penalty=0.0 if decode.length_penalty == "none" else decode.alpha,
         min_decoding_length=decode.min_length,
         disable_unk=not decode.allow_unk,
+        suppress_sequences=[[sp.id_to_piece(i)] for i in (tokenizer.pad_id, tokenizer.bos_id)]
+        if suppress_special
+        else None,
         return_end_token=True,
         return_scores=True,
     )
 
 
 def ctranslate2_translate(
-    translator: Any, tokenizer: TokenizerPair, lines: list[str], decode: DecodeConfig
+    translator: Any,
+    tokenizer: TokenizerPair,
+    lines: list[str],
+    decode: DecodeConfig,
+    *,
+    suppress_special: bool = True,
 ) -> list[tuple[list[int], float]]:
     """Translate ``lines`` with a ``ctranslate2.Translator`` of an export, under our rules.
 
     Each line's output limit is our ``ceil(a·|x| + b)`` tokens, EOS included (|x| counts the
     source EOS), so lines are decoded in groups of equal limit. Empty lines give ``([], 0.0)``.
+    ``suppress_special``: see ``ctranslate2_options``.
 
     Returns:
       per line, the output ids without EOS and CTranslate2's score (log-probability / lp).
@@ -176,7 +190,7 @@ def ctranslate2_translate(
     Raises:
       ExportError: decoding options CTranslate2 cannot follow (``ctranslate2_options``).
     """
-    options = ctranslate2_options(decode, tokenizer)
+    options = ctranslate2_options(decode, tokenizer, suppress_special=suppress_special)
     source_sp, target_sp = tokenizer.source.sp, tokenizer.target.sp
     results: list[tuple[list[int], float]] = [([], 0.0)] * len(lines)
     groups: dict[int, list[int]] = {}

@@ -4,6 +4,7 @@ Speed and memory goals are not asserted here (they live in docs/benchmarks.md an
 this only checks that the script works and that its JSON has the documented layout.
 """
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -159,6 +160,10 @@ def test_smoke_run_emits_every_field(tmp_path):
     assert d["kv_cache"]["same_output_share"] == 1.0
     assert d["kv_cache"]["kv_cache_compilations_while_timed"] == 0
     assert d["kv_cache"]["no_cache_compilations_while_timed"] == 0
+    if importlib.util.find_spec("ctranslate2") is not None:  # the export extra is installed
+        for compute in ("float32", "int8"):
+            ct2 = d["ctranslate2"][compute]
+            assert ct2["sentences"] == t["sentences"] and ct2["sentences_per_second"] > 0
     for key in ("fixed", "fixed_greedy"):
         for name in ("tiny", "base"):
             _has(d[key][name], FIXED_DECODE_FIELDS, f"decode.{key}.{name}")

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from tiny_run import DATA, cli_env, run, tiny_overrides, train_command, write_corpus
+from tiny_run import DATA, ROOT, cli_env, run, tiny_overrides, train_command, write_corpus
 
 from seq2seq import cli
 from seq2seq.__main__ import main
@@ -252,9 +252,24 @@ def test_export_ctranslate2_directory_translates_on_its_own(spm_dir, tmp_path, c
         [sp.encode("Hello world.", out_type=str)], beam_size=4, disable_unk=True
     )[0]
     assert proc.stdout.strip() == sp.decode(result.hypotheses[0]).strip() != ""
-    # python -m seq2seq export is the same command; an existing directory is refused
+    # python -m seq2seq export is the same command; an existing directory is refused ...
     assert main(["export", "--workdir", str(workdir), "--to", "ctranslate2", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
+    # ... unless --overwrite; int8 weights score within quantization error of float32
+    argv = ["--workdir", str(workdir), "--to", "ctranslate2", str(out), "--overwrite"]
+    assert main(["export", *argv, "--quantization", "int8", "--checkpoint", "7"]) == 0
+    pieces = (
+        [sp.encode(s, out_type=str) for s, _ in PAIRS],
+        [sp.encode(t, out_type=str) for _, t in PAIRS],
+    )
+    int8 = ctranslate2.Translator(str(out), compute_type="int8").score_batch(*pieces)
+    pair = _pair(spm_dir)
+    ours = _teacher_forced_logprobs(*_model(pair)[1:], pair, PAIRS)
+    for got, want in zip(int8, ours):
+        error = np.abs(np.asarray(got.log_probs) - want).max()
+        assert 1e-5 < error < 0.5  # quantized: not exact, but close
+    assert main(["export", *argv, "--checkpoint", "8"]) == 2
+    assert "8" in capsys.readouterr().err
 
 
 def test_unsupported_position_scheme_is_a_named_error(spm_dir, tmp_path, capsys):
@@ -294,6 +309,7 @@ def test_safetensors_export_and_push(spm_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
     out = tmp_path / "st"
     argv = ["--workdir", str(workdir), "--to", "safetensors", str(out), "--push", "me/tiny"]
+    argv += ["--checkpoint", "7"]
     assert cli.export_main(argv) == 0
     assert "pushed to me/tiny: https://huggingface.co/me/tiny/commit/abc" in capsys.readouterr().out
     assert calls == [
@@ -327,8 +343,10 @@ def test_safetensors_export_and_push(spm_dir, tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("variant", ["default", "post-norm", "gelu"])
 def test_ctranslate2_translates_a_trained_run_as_we_do(tmp_path, variant):
     """A tiny run trained (overfit) on 64 pairs: CTranslate2's beam-4 translations of those
-    sources equal ours, except where a hypothesis reaches the length limit (there ours ends with
-    EOS, CTranslate2's without; ``ctranslate2_options`` has the rules)."""
+    sources equal ours, and score alike, except where a hypothesis reaches the length limit
+    (there ours ends with EOS, CTranslate2's without) or CTranslate2 outputs a BOS/PAD piece,
+    which ours never does (forbidding them in CTranslate2 renormalizes its scores;
+    ``ctranslate2_options`` has the rules)."""
     from seq2seq.data.sources import read_lines
     from seq2seq.trained import load_trained
     from seq2seq.translation import Translator
@@ -363,11 +381,39 @@ def test_ctranslate2_translates_a_trained_run_as_we_do(tmp_path, variant):
     )
     lines = read_lines(corpus["train"] + ".en")
     ours = Translator(graphdef, params, pair, decode).translate(lines)
-    theirs = ctranslate2_translate(ctranslate2.Translator(str(out)), pair, lines, decode)
+    theirs = ctranslate2_translate(
+        ctranslate2.Translator(str(out)), pair, lines, decode, suppress_special=False
+    )
     limits = [int(np.ceil(2.0 * (len(x)) + 10)) for x in pair.encode(lines)]
-    free = [i for i, o in enumerate(ours) if len(o[0].tokens) + 1 < limits[i]]
+    special = {pair.pad_id, pair.bos_id}
+    free = [  # neither side stopped by the length limit, and no BOS/PAD from CTranslate2
+        i
+        for i, o in enumerate(ours)
+        if len(o[0].tokens) + 1 < limits[i]
+        and len(theirs[i][0]) + 1 < limits[i]
+        and not special & set(theirs[i][0])
+    ]
     assert len(free) >= 0.8 * len(lines)  # the model has learnt to stop
     same = [i for i in free if list(ours[i][0].tokens) == theirs[i][0]]
     assert len(same) >= 0.99 * len(free)
     for i in same:
         assert abs(ours[i][0].score - theirs[i][1]) < 1e-4
+    if variant == "default":  # the script check, on the run's test split (8 sentences here)
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import export_check
+
+        from seq2seq.evaluation import score
+
+        report = tmp_path / "check.json"
+        argv = ["--workdir", str(tmp_path / "run"), "--allow-unk", "--json", str(report)]
+        status = export_check.main(argv)
+        figures = json.loads(report.read_text())
+        test_lines, refs = read_lines(corpus["test"] + ".en"), read_lines(corpus["test"] + ".es")
+        decode = replace(config.decode, beam_size=4, length_penalty="plain", allow_unk=True)
+        ours = Translator(graphdef, params, pair, decode).translate(test_lines)
+        theirs = ctranslate2_translate(ctranslate2.Translator(str(out)), pair, test_lines, decode)
+        same = [list(o[0].tokens) == t for o, (t, _) in zip(ours, theirs)]
+        assert figures["sentences"] == 8 and figures["decode"]["length_penalty"] == "plain"
+        assert figures["identical_share"] == sum(same) / 8
+        assert figures["bleu_ours"] == score([h[0].text for h in ours], refs).bleu
+        assert status == (0 if figures["goals_met"] else 1)

@@ -27,10 +27,12 @@ LAYERS: dict[str, int] = {
     "seq2seq.translation": 2,
     "seq2seq.trained": 2,
     "seq2seq.alignment": 2,
+    "seq2seq.ct2_converter": 2,
     "seq2seq.run": 3,
     "seq2seq.summary": 3,
     "seq2seq.plots": 3,
     "seq2seq.serve": 3,
+    "seq2seq.export": 3,
     "seq2seq.cli": 4,
     "seq2seq.__main__": 4,
 }
