@@ -209,7 +209,8 @@ def test_chunked_memory_grows_linearly_dense_quadratically():
     assert chunked[1] < dense[1] / 20
 
 
-def test_cudnn_is_refused_off_gpu_with_a_named_error(tmp_path):
+def test_cudnn_is_refused_off_gpu_with_a_named_error(tmp_path, capsys):
+    from seq2seq import cli
     from seq2seq.run import check_run_config
 
     if jax.default_backend() == "gpu":
@@ -217,6 +218,11 @@ def test_cudnn_is_refused_off_gpu_with_a_named_error(tmp_path):
     config = load_config(None, [f"workdir={tmp_path}", "model.attention=cudnn"])
     with pytest.raises(ConfigError, match=r"model.attention=cudnn.*GPU.*cpu"):
         check_run_config(config)
+    # the real command: exit 2, one line naming the key and the reason, nothing written
+    assert cli.train_main([f"workdir={tmp_path / 'run'}", "model.attention=cudnn"]) == 2
+    err = capsys.readouterr().err
+    assert "model.attention=cudnn needs a GPU backend" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(
