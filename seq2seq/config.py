@@ -93,6 +93,9 @@ class DataConfig:
       packing: pack several pairs per row with segment ids (else one pair per row).
       skip_empty: skip (and count) pairs with an empty side; if false such a pair is an error.
       max_length_ratio: training pairs whose token-length ratio exceeds this are dropped.
+      concat_pairs_to_tokens: if > 0, consecutive training pairs (after the filters) are
+        joined into pseudo-documents of up to this many tokens per side, never splitting a
+        pair (``seq2seq/data/documents.py``; long inputs); at most ``max_len``. 0 = off.
     """
 
     src_lang: str = "en"
@@ -107,6 +110,7 @@ class DataConfig:
     packing: bool = True
     skip_empty: bool = True
     max_length_ratio: float = 3.0
+    concat_pairs_to_tokens: int = 0
 
     def __post_init__(self):
         for split in SPLITS:

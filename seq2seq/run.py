@@ -133,6 +133,11 @@ def check_run_config(config: Config) -> None:
             f"data.max_tokens={d.max_tokens} is less than one row of "
             f"data.max_len={d.max_len} tokens"
         )
+    if not 0 <= d.concat_pairs_to_tokens <= d.max_len:
+        raise ConfigError(
+            f"data.concat_pairs_to_tokens={d.concat_pairs_to_tokens} must be in "
+            f"[0, data.max_len={d.max_len}] (a document must fit a row; 0 = off)"
+        )
     if m.positions == "learned" and m.max_len < d.max_len:
         raise ConfigError(
             f"model.positions=learned has a table of model.max_len={m.max_len} "

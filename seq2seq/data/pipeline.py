@@ -20,6 +20,7 @@ from datasets import Dataset, concatenate_datasets
 
 from seq2seq.config import SPLITS, Config, ConfigError, replace
 from seq2seq.data.batching import MixedBatches, PackedBatches
+from seq2seq.data.documents import concat_pairs
 from seq2seq.data.sources import load_parallel, overlap_report
 from seq2seq.data.token_cache import encode_cached
 from seq2seq.data.tokenizer import (
@@ -304,7 +305,8 @@ def prepare(
     (counted); no dev or test pair is dropped.
 
     ``stats`` holds: ``train_pairs_read``, ``train_pairs`` (kept),
-    ``train_pairs_dropped_length``, ``train_pairs_dropped_ratio``, ``dev_pairs``,
+    ``train_pairs_dropped_length``, ``train_pairs_dropped_ratio``, ``train_documents``
+    (with ``data.concat_pairs_to_tokens``: the pseudo-documents the kept pairs make), ``dev_pairs``,
     ``dev_pairs_truncated``, ``test_pairs``, ``test_sources_truncated``,
     ``dev_sources_in_train`` / ``test_sources_in_train`` (overlap), ``train_real_token_share``
     (epoch 0, in [0, 1]), ``read_seconds``, ``tokenizer_seconds`` (train or load the models),
@@ -396,6 +398,9 @@ def prepare(
                 f"{d.max_length_ratio}; raise data.max_len"
             )
         src, tgt = [src[k] for k in keep], [tgt[k] for k in keep]
+        if d.concat_pairs_to_tokens > 0:  # pseudo-documents (long inputs)
+            src, tgt = concat_pairs(src, tgt, d.concat_pairs_to_tokens, tokenizer.eos_id)
+            stats["train_documents"] = stats.get("train_documents", 0) + len(src)
         kept_src += src
         kept_tgt += tgt
         packed.append(
