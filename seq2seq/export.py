@@ -264,9 +264,9 @@ def _readme(config: Config, to: str, score: Mapping[str, Any], spm_files: list[s
             "import ctranslate2, sentencepiece as spm\n"
             f'src, tgt = spm.SentencePieceProcessor("{src_spm}"), '
             f'spm.SentencePieceProcessor("{tgt_spm}")\n'
-            'translator = ctranslate2.Translator(".")\n'
-            'tokens = [src.encode("Hello world.", out_type=str)]\n'
-            "out = translator.translate_batch(tokens, beam_size=4, disable_unk=True)\n"
+            'translator = ctranslate2.Translator(".")  # this directory\n'
+            'out = translator.translate_batch([src.encode("Hello world.", out_type=str)], '
+            "beam_size=4, disable_unk=True)\n"
             "print(tgt.decode(out[0].hypotheses[0]))\n```\n\n"
             "The source EOS is added by the model config (`add_source_eos`). CTranslate2's "
             "`length_penalty=a` divides by |Y|^a, which is `decode.length_penalty=plain` "

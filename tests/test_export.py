@@ -241,7 +241,7 @@ def test_export_ctranslate2_directory_translates_on_its_own(spm_dir, tmp_path, c
     readme = (out / "README.md").read_text(encoding="utf-8")
     assert "12.34" in readme and BLEU["bleu_signature"] in readme and "step 7" in readme
     snippet = _python_snippet(readme)
-    assert len(snippet.strip().splitlines()) <= 6
+    assert len(snippet.strip().splitlines()) == 5
     # the README's snippet runs from the export directory with nothing but the export
     proc = subprocess.run(
         [sys.executable, "-c", snippet], cwd=out, capture_output=True, text=True, timeout=120
