@@ -76,6 +76,38 @@ def packed_batch(src, tgt, max_len, num_rows):
     }, rows
 
 
+CACHE_SETTINGS = {
+    "jax_persistent_cache_min_compile_time_secs": 0.0,
+    "jax_persistent_cache_min_entry_size_bytes": 0,
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """JAX's persistent compilation cache, shared by every test of the session (and its
+    pytest-xdist workers and the commands the tests start, through the ``JAX_*`` variables):
+    many tests compile the same tiny programs (a chain's rerun, translate and evaluate; the same
+    model in several tests), and a cached executable is the same program. Restored after."""
+    import jax
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    settings = {"jax_compilation_cache_dir": str(root / "jax-cache"), **CACHE_SETTINGS}
+    old = {k: getattr(jax.config, k) for k in settings}
+    old_env = {k.upper(): os.environ.get(k.upper()) for k in settings}
+    for k, v in settings.items():
+        jax.config.update(k, v)
+        os.environ[k.upper()] = str(v)
+    yield
+    for k, v in old.items():
+        jax.config.update(k, v)
+    for k, v in old_env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

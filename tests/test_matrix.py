@@ -363,26 +363,6 @@ def _check_translations(path: Path, args: list[str], n: int) -> None:
         assert 1 <= len(scores) <= nbest and scores == sorted(scores, reverse=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """JAX's persistent compilation cache for this module: a chain's commands compile the same
-    programs (the train step of the rerun, the searches of translate and evaluate), so each
-    compiles once. Restored afterwards."""
-    import jax
-
-    keys = (
-        "jax_compilation_cache_dir",
-        "jax_persistent_cache_min_compile_time_secs",
-        "jax_persistent_cache_min_entry_size_bytes",
-    )
-    old = {k: getattr(jax.config, k) for k in keys}
-    for k, v in zip(keys, (str(tmp_path_factory.mktemp("jax_cache")), 0.0, 0)):
-        jax.config.update(k, v)
-    yield
-    for k, v in old.items():
-        jax.config.update(k, v)
-
-
 @pytest.mark.parametrize("name", list(CHAINS))
 def test_chain(name, tmp_path, capsys):
     chain = CHAINS[name]
