@@ -366,15 +366,13 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(path: Path, table: str) -> None:
-    """Replace the text between the ``DOCS_BEGIN`` and ``DOCS_END`` lines of ``path``."""
+def write_docs(path: Path, table: str, begin: str = DOCS_BEGIN, end: str = DOCS_END) -> None:
+    """Replace the text between the ``begin`` and ``end`` lines of ``path``."""
     text = path.read_text(encoding="utf-8")
-    if DOCS_BEGIN not in text or DOCS_END not in text:
-        raise SystemExit(f"{path}: no {DOCS_BEGIN} ... {DOCS_END} block to replace")
-    head, rest = text.split(DOCS_BEGIN, 1)
-    path.write_text(
-        f"{head}{DOCS_BEGIN}\n{table}\n{DOCS_END}{rest.split(DOCS_END, 1)[1]}", encoding="utf-8"
-    )
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path}: no {begin} ... {end} block to replace")
+    head, rest = text.split(begin, 1)
+    path.write_text(f"{head}{begin}\n{table}\n{end}{rest.split(end, 1)[1]}", encoding="utf-8")
 
 
 def versions() -> dict[str, str]:
@@ -455,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
 
         info = benchmark.machine_info("float32")
         machine = f"{info['cpu']}, {info['cpus_usable']} cores"
-        return compare_quality.run(args, machine)
+        return compare_quality.run(args, machine, write_docs)
     import torch
     import transformers
 

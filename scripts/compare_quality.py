@@ -39,6 +39,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -330,15 +331,6 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(path: Path, table: str) -> None:
-    text = path.read_text(encoding="utf-8")
-    if DOCS_BEGIN not in text or DOCS_END not in text:
-        raise SystemExit(f"{path}: no {DOCS_BEGIN} … {DOCS_END} markers to replace")
-    head, rest = text.split(DOCS_BEGIN, 1)
-    _, tail = rest.split(DOCS_END, 1)
-    path.write_text(f"{head}{DOCS_BEGIN}\n{table}\n{DOCS_END}{tail}", encoding="utf-8")
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("--quality")
     g.add_argument(
@@ -361,7 +353,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--limit-lines", type=int, default=0, help=argparse.SUPPRESS)
 
 
-def run(args: argparse.Namespace, machine: str) -> int:
+def run(args: argparse.Namespace, machine: str, write_docs: Callable[..., None]) -> int:
+    """The comparison; ``write_docs(path, table, begin, end)`` is ``compare.write_docs``."""
     proxies = [s for s in args.proxies.split(",") if s]
     for s in proxies:
         if s not in PROXIES:
@@ -410,6 +403,6 @@ def run(args: argparse.Namespace, machine: str) -> int:
         Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
         print(f"\nwrote {args.json}")
     if args.docs:
-        write_docs(Path(args.docs), table)
+        write_docs(Path(args.docs), table, DOCS_BEGIN, DOCS_END)
         print(f"updated the quality table in {args.docs}")
     return 0
