@@ -63,20 +63,24 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         Interrupted,
         check_resume,
         check_run_config,  # heavy imports
+        resolve_recipe,
         train,
     )
     from seq2seq.sharding import initialize_distributed, is_main_process
 
     initialize_distributed(config.distributed)  # before any device use; no-op for one process
     try:  # every check that needs no data, before the run directory or its log exist (or move)
+        config, recipe_note = resolve_recipe(config)  # batch size and steps left at 0
         check_run_config(config)
         check_resume(config, quiet=True)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         return _fail(str(e))
     try:
         _setup_logging(Path(config.workdir) if is_main_process() else None)  # one train.log
     except OSError as e:  # the workdir is a file, or cannot be created
         return _fail(f"workdir={config.workdir}: cannot hold the run: {e}")
+    if recipe_note:
+        logging.getLogger(__name__).info("%s", recipe_note)
     logging.getLogger(__name__).info("config:\n%s", _yaml(config))
     try:
         summary = train(config, checked=True)

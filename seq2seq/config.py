@@ -89,7 +89,8 @@ class DataConfig:
         ``data.train.<i>.<key>=value`` or the whole list). A list is read as a tuple;
         ``corpora(split)`` gives every split as a tuple.
       max_len: row length in tokens for both sides (packed rows and decode inputs).
-      max_tokens: token budget per batch and side (rows = max_tokens // max_len).
+      max_tokens: token budget per batch and side (rows = max_tokens // max_len); 0 = from
+        the size of the training corpus (``seq2seq/data/recipe.py``).
       packing: pack several pairs per row with segment ids (else one pair per row).
       skip_empty: skip (and count) pairs with an empty side; if false such a pair is an error.
       max_length_ratio: training pairs whose token-length ratio exceeds this are dropped.
@@ -106,7 +107,7 @@ class DataConfig:
     dev: Any = field(default_factory=lambda: {"path": "data/tatoeba-en-es/dev"})
     test: Any = field(default_factory=lambda: {"path": "data/tatoeba-en-es/test"})
     max_len: int = 64
-    max_tokens: int = 4096
+    max_tokens: int = 0
     packing: bool = True
     skip_empty: bool = True
     max_length_ratio: float = 3.0
@@ -276,9 +277,12 @@ class TrainConfig:
 
     Attributes:
       seed: seeds the initial parameters, the dropout keys and the data order.
-      steps: total optimizer steps.
+      steps: total optimizer steps; 0 = ``token_budget / (data.max_tokens · grad_accum_steps)``.
+      token_budget: training tokens per side that ``steps`` = 0 spends (480 steps of 4,096
+        tokens: about 15 minutes of the shipped preset on 2 CPU cores).
       learning_rate: peak learning rate, reached after ``warmup_steps`` (linear warmup), then
         decayed as ``lr · sqrt(warmup_steps / step)`` (Vaswani et al. 2017, eq. 3, rescaled).
+        ``warmup_steps`` = 0: a fifth of ``steps`` (``seq2seq/data/recipe.py``).
       b1, b2, eps, weight_decay: AdamW (Loshchilov & Hutter 2019); decay skips biases/norms.
       clip_norm: global gradient-norm clip (0 disables).
       label_smoothing: ε of label-smoothed cross-entropy (Szegedy et al. 2016).
@@ -324,9 +328,10 @@ class TrainConfig:
     """
 
     seed: int = 0
-    steps: int = 4000
+    steps: int = 0
+    token_budget: int = 480 * 4096
     learning_rate: float = 2e-3
-    warmup_steps: int = 400
+    warmup_steps: int = 0
     b1: float = 0.9
     b2: float = 0.98
     eps: float = 1e-9

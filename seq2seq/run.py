@@ -30,6 +30,7 @@ from seq2seq.config import (
     replace,
     save_config,
 )
+from seq2seq.data import recipe
 from seq2seq.data.batching import MixedBatches
 from seq2seq.data.pipeline import (
     MIN_DECODE_SOURCE_LEN,
@@ -64,6 +65,7 @@ __all__ = [
     "TrainingDiverged",
     "check_resume",
     "check_run_config",
+    "resolve_recipe",
     "dev_bleu",
     "prepare_run",
     "train",
@@ -74,6 +76,7 @@ __all__ = [
 RESUMABLE = (
     "workdir",
     "train.steps",
+    "train.token_budget",
     "train.eval_every",
     "train.checkpoint_every",
     "train.log_every",
@@ -128,7 +131,9 @@ def check_run_config(config: Config) -> None:
                 )
     if d.max_len < 2:
         raise ConfigError(f"data.max_len must be >= 2 (a token and EOS), got {d.max_len}")
-    if d.max_tokens < d.max_len:
+    if d.max_tokens < 0:
+        raise ConfigError(f"data.max_tokens must be >= 0 (0 = from the corpus), got {d.max_tokens}")
+    if d.max_tokens and d.max_tokens < d.max_len:
         raise ConfigError(
             f"data.max_tokens={d.max_tokens} is less than one row of "
             f"data.max_len={d.max_len} tokens"
@@ -163,7 +168,30 @@ def check_run_config(config: Config) -> None:
         )
     )
     partitioner = Partitioner.from_config(config)
-    partitioner.process_rows(d.max_tokens // d.max_len)  # rows split over data × fsdp
+    if d.max_tokens:  # rows split over data × fsdp (0: the recipe's power of two, later)
+        partitioner.process_rows(d.max_tokens // d.max_len)
+
+
+def resolve_recipe(config: Config) -> tuple[Config, str]:
+    """``config`` with ``data.max_tokens``, ``train.steps`` and ``train.warmup_steps`` that are
+    0 filled in: on resume with the run's saved values, else by the recipe's rule from the
+    training corpus (``seq2seq/data/recipe.py``); and the line to log (empty: nothing chosen).
+
+    Raises:
+      DataError / FileNotFoundError: the training corpus cannot be read (only read when needed).
+    """
+    if not recipe.needs_corpus(config):
+        return config, ""
+    workdir = Path(config.workdir)
+    if checkpoint_steps(workdir) and config_path(workdir).is_file():
+        saved = load_config(config_path(workdir))
+        keep = {
+            "data.max_tokens": (config.data.max_tokens, saved.data.max_tokens),
+            "train.steps": (config.train.steps, saved.train.steps),
+            "train.warmup_steps": (config.train.warmup_steps, saved.train.warmup_steps),
+        }
+        config = replace(config, **{k: old for k, (new, old) in keep.items() if not new})
+    return recipe.resolve(config)
 
 
 def check_attention_config(m: ModelConfig) -> None:
@@ -306,12 +334,14 @@ def _translate_and_score(
 
 
 def prepare_run(config: Config, *, checked: bool = False) -> tuple[Config, PreparedData, Any]:
-    """Check the config (and, when resuming, its changes: ``check_resume``), create the
-    workdir, prepare the data and write ``config.yaml``. With ``train.init_from`` the
-    parent's tokenizer settings replace this config's and its models are copied into the
-    workdir (``_reuse_tokenizer``) instead of training new ones.
+    """Fill in the recipe's keys left at 0 (``seq2seq/data/recipe.py``), check the config
+    (and, when resuming, its changes: ``check_resume``), create the workdir, prepare the data
+    and write ``config.yaml``. With ``train.init_from`` the parent's tokenizer settings
+    replace this config's and its models are copied into the workdir (``_reuse_tokenizer``)
+    instead of training new ones.
 
-    ``checked``: the caller already ran ``check_run_config`` (it is not run twice).
+    ``checked``: the caller already ran ``resolve_recipe`` and ``check_run_config`` (they
+    are not run twice).
 
     Returns:
       The config with ``model.vocab_size`` filled in from the tokenizer; the data; and the
@@ -324,6 +354,9 @@ def prepare_run(config: Config, *, checked: bool = False) -> tuple[Config, Prepa
     """
     initialize_distributed(config.distributed)  # no-op for a single process; before devices
     if not checked:  # seq2seq-train checks before it sets up its log
+        config, note = resolve_recipe(config)
+        if note:
+            log.info("%s", note)
         check_run_config(config)
     workdir = Path(config.workdir)
     parent = check_init_from(config)

@@ -109,11 +109,13 @@ def check_train_config(config: Config) -> None:
         names the key.
     """
     t = config.train
-    positive = ("steps", "grad_accum_steps", "eval_every", "checkpoint_every", "log_every")
+    positive = ("grad_accum_steps", "eval_every", "checkpoint_every", "log_every", "token_budget")
     for key in positive:
         if getattr(t, key) < 1:
             raise ConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
     for key in (
+        "steps",  # 0: from train.token_budget (seq2seq/data/recipe.py)
+        "warmup_steps",  # 0: a fifth of the steps
         "max_skipped_steps",
         "bleu_subset",
         "bleu_beam_size",
