@@ -64,6 +64,7 @@ import numpy as np
 from flax import nnx
 
 from seq2seq.config import Config, ModelConfig, TrainConfig, load_config, replace
+from seq2seq.data import recipe
 from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.decoding import beam_search_jit, greedy_search_jit
@@ -362,7 +363,9 @@ class Bench:
                     "decode.max_tokens=256",
                 ]
                 overrides += [f"model.{k}={v}" for k, v in SMOKE_MODEL.items()]
-            self._config = load_config(a.config, overrides)
+            # batch size and steps left to the recipe are chosen from the corpus, as
+            # seq2seq-train does (seq2seq/data/recipe.py)
+            self._config = recipe.resolve(load_config(a.config, overrides))[0]
         return self._config
 
     def prepared(self):

@@ -104,6 +104,7 @@ def random_run(workdir: str, config: str = "configs/tatoeba_en_es.yaml") -> None
     limit (a·|x| + b), the slowest case of the search. Needs this checkout's package."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from seq2seq.config import load_config, save_config
+    from seq2seq.data import recipe
     from seq2seq.data.sources import read_lines
     from seq2seq.data.tokenizer import train_or_load
     from seq2seq.model import build_model
@@ -119,6 +120,7 @@ def random_run(workdir: str, config: str = "configs/tatoeba_en_es.yaml") -> None
     Path(workdir).mkdir(parents=True, exist_ok=True)
     vocab = train_or_load(texts, base.tokenizer, workdir).vocab_size
     run = load_config(config, [f"workdir={workdir}", f"model.vocab_size={vocab}"])
+    run = recipe.resolve(run)[0]  # the batch size and steps a trained run would have saved
     save_config(run, config_path(Path(workdir)))
     _, state = create_train_state(build_model(run.model, 0), make_optimizer(run.train), 0)
     ck = Checkpointer(checkpoint_dir(Path(workdir)), keep=None, async_save=False)

@@ -1,0 +1,86 @@
+"""The recipe (seq2seq/data/recipe.py): batch size, steps and warmup from the corpus size, by
+formula and through the real ``seq2seq-train`` (its log, config.yaml and a resume)."""
+
+import math
+
+import yaml
+from tiny_run import cli_env, run, tiny_config, tiny_overrides, train_command, write_corpus
+
+from seq2seq.config import replace
+from seq2seq.data import recipe
+
+
+def reference_batch(pairs: int, max_len: int) -> int:
+    """The README's rule, written out: 4096·√(pairs/100k) clipped to [1024, 4096], then the
+    power-of-two row count nearest in log scale (searched over all of them)."""
+    target = min(max(4096 * math.sqrt(pairs / 100_000), 1024), 4096)
+    rows = min(
+        (2**e for e in range(20)), key=lambda r: abs(math.log2(r) - math.log2(target / max_len))
+    )
+    return rows * max_len
+
+
+def test_batch_tokens_follow_the_rule():
+    # the proxies of docs/benchmarks.md: shipped 136,672 pairs, long 45,527, small 20,000
+    assert recipe.batch_tokens(136_672, 64) == 4096
+    assert recipe.batch_tokens(45_527, 64) == 2048
+    assert recipe.batch_tokens(20_000, 64) == 2048
+    assert recipe.batch_tokens(5_000, 64) == 1024
+    assert recipe.batch_tokens(10**7, 64) == 4096
+    previous = 0
+    for pairs in [1, 500, 9_000, 12_000, 30_000, 60_000, 99_999, 250_000]:
+        for max_len in (16, 32, 64, 128):
+            got = recipe.batch_tokens(pairs, max_len)
+            assert got == reference_batch(pairs, max_len), (pairs, max_len)
+        got = recipe.batch_tokens(pairs, 64)
+        assert got >= previous  # more data never gets smaller batches
+        previous = got
+
+
+def test_resolve_fills_only_the_keys_left_at_zero(tmp_path):
+    corpus = write_corpus(tmp_path / "data", train=300)
+    base = tiny_config(corpus, tmp_path / "run", "train.token_budget=20480", "train.steps=3")
+    auto = replace(base, **{"data.max_tokens": 0, "train.steps": 0, "train.warmup_steps": 0})
+    config, note = recipe.resolve(auto)
+    assert config.data.max_tokens == 1024  # 300 pairs: clipped to 1024 (32 rows of 32)
+    assert config.train.steps == 20 and config.train.warmup_steps == 4  # 20480 / 1024; a fifth
+    assert note == (
+        "recipe for 300 training pairs: data.max_tokens=1024, train.steps=20, train.warmup_steps=4"
+    )
+    accum = replace(auto, **{"train.grad_accum_steps": 2})
+    assert recipe.resolve(accum, pairs=300)[0].train.steps == 10  # 2 micro-batches per step
+    kept, _ = recipe.resolve(replace(auto, **{"train.steps": 7}))
+    assert kept.train.steps == 7 and kept.train.warmup_steps == 1 and kept.data.max_tokens == 1024
+    assert recipe.resolve(base) == (base, "")  # nothing left to it: the corpus is not read
+
+
+def test_train_command_uses_the_recipe_and_a_resume_keeps_it(tmp_path):
+    corpus = write_corpus(tmp_path / "data", train=300)
+    workdir = tmp_path / "run"
+    args = tiny_overrides(
+        corpus,
+        workdir,
+        "data.max_tokens=0",
+        "train.steps=0",
+        "train.warmup_steps=0",
+        "train.token_budget=5120",
+    )
+    proc = run(train_command(args), cli_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = (workdir / "train.log").read_text(encoding="utf-8")
+    assert (
+        "recipe for 300 training pairs: data.max_tokens=1024, train.steps=5, "
+        "train.warmup_steps=1" in log
+    )
+    saved = yaml.safe_load((workdir / "config.yaml").read_text(encoding="utf-8"))
+    assert saved["data"]["max_tokens"] == 1024
+    assert (saved["train"]["steps"], saved["train"]["warmup_steps"]) == (5, 1)
+    # Going on with more steps: the recipe would now pick warmup 2, but the run keeps its own
+    # (a changed warmup would be refused as a change of schedule).
+    proc = run(train_command([*args, "train.steps=10"]), cli_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    saved = yaml.safe_load((workdir / "config.yaml").read_text(encoding="utf-8"))
+    assert (saved["train"]["steps"], saved["train"]["warmup_steps"]) == (10, 1)
+    assert "resuming step 5 with train.steps changed: 5 → 10" in (workdir / "train.log").read_text(
+        encoding="utf-8"
+    )
