@@ -4,7 +4,8 @@
 Exports ``--workdir`` with ``seq2seq-export --to ctranslate2`` (into ``--out``, default a
 temporary directory), decodes the run's test split with beam 4 by ours
 (``seq2seq.translation.Translator``) and by ``ctranslate2.Translator`` under the same rules
-(``seq2seq.export.ctranslate2_translate``), and prints the share of token-identical
+(``seq2seq.export.ctranslate2_translate``, ``exhaustive``: CTranslate2 searches up to the
+length limit, as our stopping rule guarantees), and prints the share of token-identical
 translations (all sentences, and those where neither reaches the length limit), both
 sacreBLEU scores and the decoding times. CTranslate2 has no GNMT length penalty, so a run
 decoded with ``decode.length_penalty=gnmt`` is compared under ``plain`` with the same α (both
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         ours_s = time.perf_counter() - t
         translator = ctranslate2.Translator(str(out), device="cpu")
         t = time.perf_counter()
-        theirs = ctranslate2_translate(translator, tokenizer, sources, decode)
+        theirs = ctranslate2_translate(translator, tokenizer, sources, decode, exhaustive=True)
         theirs_s = time.perf_counter() - t
 
     ids = [list(h[0].tokens) for h in ours]

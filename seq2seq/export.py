@@ -135,8 +135,10 @@ def ctranslate2_options(
     log-probability by |Y|^a with |Y| the hypothesis length, which counts the EOS only with
     ``return_end_token=True``: that is our ``plain`` penalty (``none``: a = 0).
     Remaining differences, which a trained model rarely meets: CTranslate2 stops a sentence once
-    ``beam`` hypotheses are finished (ours once no live beam can beat them); a hypothesis that
-    reaches the length limit ends there without EOS (ours is given EOS at the last position);
+    ``patience · beam`` hypotheses are finished (ours once no live beam can beat them:
+    ``ctranslate2_translate(exhaustive=True)`` raises the patience so that CTranslate2 searches
+    up to the length limit as well); a hypothesis that reaches the length limit ends there
+    without EOS (ours is given EOS at the last position);
     and the tokens we never produce (PAD and BOS with ``suppress_special``, and UNK unless
     ``decode.allow_unk``: ``suppress_sequences``, ``disable_unk``) are removed before
     CTranslate2's softmax, so its scores are renormalized over the other tokens where ours
@@ -177,12 +179,17 @@ def ctranslate2_translate(
     decode: DecodeConfig,
     *,
     suppress_special: bool = True,
+    exhaustive: bool = False,
 ) -> list[tuple[list[int], float]]:
     """Translate ``lines`` with a ``ctranslate2.Translator`` of an export, under our rules.
 
     Each line's output limit is our ``ceil(a·|x| + b)`` tokens, EOS included (|x| counts the
     source EOS), so lines are decoded in groups of equal limit. Empty lines give ``([], 0.0)``.
-    ``suppress_special``: see ``ctranslate2_options``.
+    ``suppress_special``: see ``ctranslate2_options``. ``exhaustive``: CTranslate2 keeps
+    searching up to the limit (``patience`` = the limit: it cannot finish ``limit · beam``
+    hypotheses earlier) instead of stopping after ``beam`` finished ones; its best hypothesis
+    is then the best of every hypothesis finished within the limit, which is what our stopping
+    rule returns (slower; CTranslate2's default is ``False``).
 
     Returns:
       per line, the output ids without EOS and CTranslate2's score (log-probability / lp).
@@ -202,7 +209,10 @@ def ctranslate2_translate(
     eos = target_sp.id_to_piece(tokenizer.eos_id)
     for limit, rows in sorted(groups.items()):
         out = translator.translate_batch(
-            [pieces[i] for i in rows], max_decoding_length=limit, **options
+            [pieces[i] for i in rows],
+            max_decoding_length=limit,
+            patience=float(limit) if exhaustive else 1.0,
+            **options,
         )
         for i, result in zip(rows, out):
             tokens = list(result.hypotheses[0])

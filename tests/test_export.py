@@ -382,7 +382,12 @@ def test_ctranslate2_translates_a_trained_run_as_we_do(tmp_path, variant):
     lines = read_lines(corpus["train"] + ".en")
     ours = Translator(graphdef, params, pair, decode).translate(lines)
     theirs = ctranslate2_translate(
-        ctranslate2.Translator(str(out)), pair, lines, decode, suppress_special=False
+        ctranslate2.Translator(str(out)),
+        pair,
+        lines,
+        decode,
+        suppress_special=False,
+        exhaustive=True,
     )
     limits = [int(np.ceil(2.0 * (len(x)) + 10)) for x in pair.encode(lines)]
     special = {pair.pad_id, pair.bos_id}
@@ -411,7 +416,9 @@ def test_ctranslate2_translates_a_trained_run_as_we_do(tmp_path, variant):
         test_lines, refs = read_lines(corpus["test"] + ".en"), read_lines(corpus["test"] + ".es")
         decode = replace(config.decode, beam_size=4, length_penalty="plain", allow_unk=True)
         ours = Translator(graphdef, params, pair, decode).translate(test_lines)
-        theirs = ctranslate2_translate(ctranslate2.Translator(str(out)), pair, test_lines, decode)
+        theirs = ctranslate2_translate(
+            ctranslate2.Translator(str(out)), pair, test_lines, decode, exhaustive=True
+        )
         same = [list(o[0].tokens) == t for o, (t, _) in zip(ours, theirs)]
         assert figures["sentences"] == 8 and figures["decode"]["length_penalty"] == "plain"
         assert figures["identical_share"] == sum(same) / 8
