@@ -20,6 +20,7 @@ import pytest
 from tiny_run import ROOT, cli_env, shipped_pairs, write_hub_dataset, xla_flags
 
 from seq2seq.config import load_config
+from seq2seq.data import recipe
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 WMT_PRESETS = ("transformer_base.yaml", "transformer_big.yaml")
@@ -153,7 +154,10 @@ def _data_overrides(path: Path, directory: Path) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_config_trains_on_multidevice_meshes(path, tmp_path):
-    own = load_config(str(path), []).data
+    config = load_config(str(path), [])
+    # the batch the recipe picks for the fixture's pairs (every train entry points at them)
+    pairs = TRAIN_PAIRS * len(config.data.corpora("train"))
+    own = recipe.resolve(config, pairs=pairs)[0].data
     batch = f"of {own.max_tokens // own.max_len} rows x {own.max_len} tokens per step"
     data = _data_overrides(path, tmp_path / "data")
     runs = []

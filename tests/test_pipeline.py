@@ -26,6 +26,7 @@ from seq2seq.config import (
     load_config,
     replace,
 )
+from seq2seq.data import recipe
 from seq2seq.data.batching import FIELDS, PackedBatches, real_token_share
 from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.data.tokenizer import Tokenizer, train_or_load
@@ -266,8 +267,10 @@ def _shipped_subset(split: str, n: int) -> tuple[list[str], list[str]]:
 def test_packing_fills_over_90_percent_of_tokens_on_the_shipped_corpus(tmp_path):
     """The shipped settings (configs/tatoeba_en_es.yaml) on the first 20,000 training pairs,
     with the tokenizer trained on them (the full corpus is the slow test below)."""
-    config = load_config(ROOT / "configs" / "tatoeba_en_es.yaml")
+    # the batch size the recipe picks for the whole shipped corpus (4,096 tokens)
+    config = recipe.resolve(load_config(ROOT / "configs" / "tatoeba_en_es.yaml"))[0]
     d = config.data
+    assert d.max_tokens == 4096
     en, es = _shipped_subset("train", 20_000)
     tok = train_or_load(en + es, config.tokenizer, tmp_path)
     assert tok.vocab_size == config.tokenizer.vocab_size == 8000
@@ -290,6 +293,7 @@ def test_packing_fills_over_90_percent_of_tokens_on_the_shipped_corpus(tmp_path)
 def test_shipped_corpus_end_to_end_share_and_cache(tmp_path):
     """prepare() on the whole shipped corpus with the shipped config, twice."""
     config = load_config(ROOT / "configs" / "tatoeba_en_es.yaml", [f"workdir={tmp_path}"])
+    config = recipe.resolve(config)[0]  # as seq2seq-train does
     first = prepare(config, tmp_path)
     s = first.stats
     assert (s["train_pairs_read"], s["dev_pairs"], s["test_pairs"]) == (136_672, 1_416, 2_780)
