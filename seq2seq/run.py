@@ -180,7 +180,7 @@ def resolve_recipe(config: Config) -> tuple[Config, str]:
     Raises:
       DataError / FileNotFoundError: the training corpus cannot be read (only read when needed).
     """
-    if not recipe.needs_corpus(config):
+    if not recipe.left_to_recipe(config):
         return config, ""
     workdir = Path(config.workdir)
     if checkpoint_steps(workdir) and config_path(workdir).is_file():

@@ -38,8 +38,9 @@ def batch_tokens(pairs: int, max_len: int) -> int:
     return rows * max_len
 
 
-def needs_corpus(config: Config) -> bool:
-    """Whether a key of the recipe is left to it (0)."""
+def left_to_recipe(config: Config) -> bool:
+    """Whether any of the recipe's keys is left to it (0); the corpus is read only for
+    ``data.max_tokens``."""
     return not (config.data.max_tokens and config.train.steps and config.train.warmup_steps)
 
 
@@ -65,7 +66,7 @@ def resolve(config: Config, pairs: int | None = None) -> tuple[Config, str]:
 
     ``pairs``: the training-pair count (None: ``count_pairs``, read only when needed).
     """
-    if not needs_corpus(config):
+    if not left_to_recipe(config):
         return config, ""
     d, t = config.data, config.train
     changes: dict[str, int] = {}
