@@ -185,6 +185,7 @@ MODEL_CHOICES: dict[str, tuple[str, ...]] = {
     "activation": ("relu", "gelu", "swiglu", "geglu"),
     "share_embeddings": ("all", "target", "none"),
     "dtype": ("float32", "bfloat16"),
+    "matmul_dtype": ("float32", "bfloat16"),
     "attention": ("dense", "chunked", "cudnn"),
 }
 # Choices that only run on a GPU backend: check_run_config refuses them elsewhere (named
@@ -227,6 +228,11 @@ class ModelConfig:
       dtype: compute dtype, ``float32`` or ``bfloat16``; parameters stay float32, matmuls
         accumulate in float32 (``model/precision.py``), and softmax, LayerNorm statistics,
         logits and the loss are float32.
+      matmul_dtype: ``bfloat16`` rounds the operands of every projection (Q/K/V/output,
+        FFN, logits) to bfloat16, in the forward and both gradient products, and accumulates in
+        float32, while activations, residuals, LayerNorm, softmax and dropout stay in
+        ``dtype`` (float32): bf16 matrix-unit speed (AMX, AVX512-BF16) without bfloat16
+        elementwise work. ``float32``: operands as they are in ``dtype``.
       attention: ``dense`` (the whole score matrix; the reference), ``chunked`` (blockwise
         with an online softmax, O(n) memory in forward and backward, the same values) or
         ``cudnn`` (cuDNN flash attention in bfloat16, GPU only); see ``model/attention.py``.
@@ -255,6 +261,7 @@ class ModelConfig:
     share_embeddings: str = "all"
     max_len: int = 512
     dtype: str = "float32"
+    matmul_dtype: str = "float32"
     attention: str = "dense"
     attention_q_block: int = 256
     attention_kv_block: int = 256
@@ -309,7 +316,7 @@ class TrainConfig:
       init_from: start from the weights of a trained run (a workdir: its newest checkpoint, or
         a checkpoint directory ``<workdir>/checkpoints/<step>``) instead of a random init,
         reusing its SentencePiece model(s) (copied into this workdir, not retrained); the model
-        settings must match (dropout rates and ``dtype`` may differ). Only a run with no
+        settings must match (dropout rates, ``dtype`` and ``matmul_dtype`` may differ). Only a run with no
         checkpoint of its own starts from it; a resume continues from its own checkpoint.
       init_optimizer: with ``init_from``, also load the optimizer state (Adam moments and
         update count): the learning-rate schedule then continues where the parent stopped

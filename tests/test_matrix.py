@@ -35,6 +35,7 @@ CHAINS: dict[str, dict] = {
         "model.activation": "relu",
         "model.share_embeddings": "all",
         "model.dtype": "float32",
+        "model.matmul_dtype": "float32",
         "model.attention": "dense",
         "tokenizer.joint": True,
         "tokenizer.model_type": "unigram",
@@ -77,6 +78,7 @@ CHAINS: dict[str, dict] = {
         "model.activation": "swiglu",
         "model.share_embeddings": "none",
         "model.dtype": "float32",
+        "model.matmul_dtype": "bfloat16",  # bf16 operands of a float32 model, untied logits
         "tokenizer.joint": False,
         "tokenizer.model_type": "unigram",
         "format": "csv",

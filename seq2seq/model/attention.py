@@ -37,7 +37,7 @@ from flax import nnx
 from seq2seq import kernels
 from seq2seq.model.axes import logical
 from seq2seq.model.positions import PositionBias, apply_rope
-from seq2seq.model.precision import dot_general_f32_accumulate
+from seq2seq.model.precision import linear_dot_general
 
 IMPLEMENTATIONS = ("dense", "chunked", "cudnn")
 
@@ -409,6 +409,7 @@ class MultiHeadAttention(nnx.Module):
       implementation: ``dense``, ``chunked`` or ``cudnn`` (``dot_product_attention``).
       q_block / kv_block: ``chunked`` block sizes.
       dtype: compute dtype (parameters stay float32).
+      matmul_dtype: operand dtype of the four projections (``ModelConfig.matmul_dtype``).
       rngs: parameter initialisation keys.
 
     Inspection: ``nnx.view(model, only=MultiHeadAttention, sow_weights=True)`` makes every
@@ -434,6 +435,7 @@ class MultiHeadAttention(nnx.Module):
         q_block: int = 256,
         kv_block: int = 256,
         dtype=jnp.float32,
+        matmul_dtype: str | None = None,
         rngs: nnx.Rngs,
     ):
         if d_model % num_heads:
@@ -453,6 +455,7 @@ class MultiHeadAttention(nnx.Module):
         self.rope_base = rope_base
         self.sow_weights = False
         init = nnx.initializers.xavier_uniform()
+        dot_general = linear_dot_general(matmul_dtype)
 
         def proj(axes):
             return nnx.Linear(
@@ -460,7 +463,7 @@ class MultiHeadAttention(nnx.Module):
                 d_model,
                 dtype=dtype,
                 rngs=rngs,
-                dot_general=dot_general_f32_accumulate,
+                dot_general=dot_general,
                 kernel_init=logical(init, axes),
                 bias_init=logical(nnx.initializers.zeros, axes[1:]),
             )

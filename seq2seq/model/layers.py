@@ -17,7 +17,7 @@ from flax import nnx
 from seq2seq.config import ModelConfig
 from seq2seq.model.attention import MultiHeadAttention
 from seq2seq.model.axes import logical
-from seq2seq.model.precision import dot_general_f32_accumulate
+from seq2seq.model.precision import linear_dot_general
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
@@ -67,6 +67,7 @@ class FeedForward(nnx.Module):
         activation: str = "relu",
         activation_dropout_rate: float = 0.0,
         dtype=jnp.float32,
+        matmul_dtype: str | None = None,
         rngs: nnx.Rngs,
     ):
         if activation not in ACTIVATIONS:
@@ -75,6 +76,7 @@ class FeedForward(nnx.Module):
             )
         self.activation = ACTIVATIONS[activation]
         init = nnx.initializers.xavier_uniform()
+        dot_general = linear_dot_general(matmul_dtype)
 
         def inner():
             return nnx.Linear(
@@ -82,7 +84,7 @@ class FeedForward(nnx.Module):
                 d_ff,
                 dtype=dtype,
                 rngs=rngs,
-                dot_general=dot_general_f32_accumulate,
+                dot_general=dot_general,
                 kernel_init=logical(init, ("embed", "mlp")),
                 bias_init=logical(nnx.initializers.zeros, ("mlp",)),
             )
@@ -94,7 +96,7 @@ class FeedForward(nnx.Module):
             d_model,
             dtype=dtype,
             rngs=rngs,
-            dot_general=dot_general_f32_accumulate,
+            dot_general=dot_general,
             kernel_init=logical(init, ("mlp", "embed")),
             bias_init=logical(nnx.initializers.zeros, ("embed",)),
         )
@@ -141,6 +143,7 @@ def _attention(config: ModelConfig, dtype, rngs: nnx.Rngs) -> MultiHeadAttention
         config.d_model,
         config.num_heads,
         dtype=dtype,
+        matmul_dtype=config.matmul_dtype,
         rngs=rngs,
         dropout_rate=config.attention_dropout_rate,
         rope_base=config.rope_base,
@@ -157,6 +160,7 @@ def _ffn(config: ModelConfig, dtype, rngs: nnx.Rngs) -> FeedForward:
         activation=config.activation,
         activation_dropout_rate=config.activation_dropout_rate,
         dtype=dtype,
+        matmul_dtype=config.matmul_dtype,
         rngs=rngs,
     )
 

@@ -18,6 +18,7 @@ selects; its ``reference`` choice is ``lax.dot_general`` (float32 accumulation) 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -32,29 +33,40 @@ def _dot(a, b, contract_a: int, contract_b: int):
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _matmul(x, w, w_transposed: bool, out_dtype):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _matmul(x, w, w_transposed: bool, out_dtype, dtypes):
+    operand = dtypes[2]
+    x, w = x.astype(operand), w.astype(operand)
     return _dot(x, w, x.ndim - 1, 1 if w_transposed else 0).astype(out_dtype)
 
 
-def _matmul_fwd(x, w, w_transposed, out_dtype):
-    return _matmul(x, w, w_transposed, out_dtype), (x, w)
+def _matmul_fwd(x, w, w_transposed, out_dtype, dtypes):
+    out = _matmul(x, w, w_transposed, out_dtype, dtypes)
+    return out, (x.astype(dtypes[2]), w.astype(dtypes[2]))  # residuals in the operand dtype
 
 
-def _matmul_bwd(w_transposed, out_dtype, residuals, g):
+def _matmul_bwd(w_transposed, out_dtype, dtypes, residuals, g):
     x, w = residuals
-    g = g.astype(x.dtype)  # the incoming gradient in the compute dtype
+    x_dtype, w_dtype, operand = dtypes
+    g = g.astype(operand)  # the incoming gradient rounded like the operands
     # y = x·W (W [in, out]) or x·Wᵀ (W [out, in]); x [..., in], g [..., out]
-    dx = _dot(g, w, g.ndim - 1, 0 if w_transposed else 1).astype(x.dtype)
+    dx = _dot(g, w, g.ndim - 1, 0 if w_transposed else 1).astype(x_dtype)
     x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
     dw = _dot(g2, x2, 0, 0) if w_transposed else _dot(x2, g2, 0, 0)  # [out, in] / [in, out]
-    return dx, dw.astype(w.dtype)
+    return dx, dw.astype(w_dtype)
 
 
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
-def matmul(x: jax.Array, w: jax.Array, *, w_transposed: bool = False, out_dtype=None) -> jax.Array:
+def matmul(
+    x: jax.Array,
+    w: jax.Array,
+    *,
+    w_transposed: bool = False,
+    out_dtype=None,
+    operand_dtype=None,
+) -> jax.Array:
     """``x · W`` (or ``x · Wᵀ``) accumulated in float32, forward and backward.
 
     Args:
@@ -62,14 +74,19 @@ def matmul(x: jax.Array, w: jax.Array, *, w_transposed: bool = False, out_dtype=
       w: ``[in, out]``, or ``[out, in]`` with ``w_transposed`` (a tied embedding table), in
         the compute dtype.
       out_dtype: result dtype; default ``x.dtype`` (float32 for logits).
+      operand_dtype: dtype the operands are rounded to before the product (``bfloat16``: the
+        ``model.matmul_dtype`` of a float32 model), in the gradient products too; default
+        ``x.dtype``.
 
     Returns:
       ``[..., out]`` in ``out_dtype``. Gradients are in the operands' dtypes.
     """
     out_dtype = jnp.dtype(out_dtype or x.dtype)
+    operand = jnp.dtype(operand_dtype or x.dtype)
     if kernels.cpu():
-        return _matmul(x, w, w_transposed, out_dtype)
-    return _dot(x, w, x.ndim - 1, 1 if w_transposed else 0).astype(out_dtype)  # autodiff
+        return _matmul(x, w, w_transposed, out_dtype, (x.dtype, w.dtype, operand))
+    xo, wo = x.astype(operand), w.astype(operand)  # autodiff
+    return _dot(xo, wo, x.ndim - 1, 1 if w_transposed else 0).astype(out_dtype)
 
 
 def dot_general_f32_accumulate(
@@ -79,6 +96,7 @@ def dot_general_f32_accumulate(
     precision=None,
     preferred_element_type=None,
     out_sharding=None,
+    operand_dtype=None,
     **kwargs,
 ) -> jax.Array:
     """A ``dot_general`` for ``nnx.Linear``: ``matmul`` for its ``x[..., in] · W[in, out]``.
@@ -89,12 +107,14 @@ def dot_general_f32_accumulate(
       dimension_numbers, precision: as ``lax.dot_general``.
       preferred_element_type: ignored (float32 accumulation is the point).
       out_sharding: passed on when set; ``nnx.Linear`` passes None.
+      operand_dtype: as ``matmul`` (bind it with ``linear_dot_general``).
 
     Returns:
       ``[..., out]`` in ``lhs.dtype``. Any other contraction, a ``precision`` or an
       ``out_sharding`` falls back to ``lax.dot_general`` accumulated in float32 (forward only).
     """
     del preferred_element_type
+    dtype = lhs.dtype
     linear = ((lhs.ndim - 1,), (0,))
     if (
         out_sharding is None
@@ -104,7 +124,9 @@ def dot_general_f32_accumulate(
         and tuple(map(tuple, dimension_numbers[0])) == linear
         and not any(dimension_numbers[1])
     ):
-        return matmul(lhs, rhs)
+        return matmul(lhs, rhs, operand_dtype=operand_dtype)
+    if operand_dtype is not None:
+        lhs, rhs = lhs.astype(operand_dtype), rhs.astype(operand_dtype)
     if out_sharding is not None:
         kwargs["out_sharding"] = out_sharding
     out = lax.dot_general(
@@ -115,4 +137,12 @@ def dot_general_f32_accumulate(
         preferred_element_type=jnp.float32,
         **kwargs,
     )
-    return out.astype(lhs.dtype)
+    return out.astype(dtype)
+
+
+def linear_dot_general(matmul_dtype: str | None = None) -> Callable[..., jax.Array]:
+    """``nnx.Linear``'s ``dot_general``: float32 accumulation, operands in ``matmul_dtype``
+    (``None`` or the compute dtype: as they come)."""
+    if matmul_dtype in (None, "float32"):
+        return dot_general_f32_accumulate
+    return functools.partial(dot_general_f32_accumulate, operand_dtype=jnp.dtype(matmul_dtype))

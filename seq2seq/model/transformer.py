@@ -99,6 +99,8 @@ class Transformer(nnx.Module):
         self.config = config
         dtype = jnp.dtype(config.dtype)
         self.dtype = dtype
+        # operands of the projections (None: as they are in the compute dtype)
+        self.matmul_dtype = None if config.matmul_dtype == "float32" else config.matmul_dtype
         d, vocab = config.d_model, config.vocab_size
         # N(0, d^-1/2) so that embeddings × √d have unit scale (tensor2tensor practice).
         embed_init = logical(nnx.initializers.normal(stddev=d**-0.5), ("vocab", "embed"))
@@ -184,9 +186,11 @@ class Transformer(nnx.Module):
         x = x.astype(self.dtype)
         if self.config.share_embeddings == "none":
             kernel = self.output.kernel[...].astype(self.dtype)
-            return matmul(x, kernel, out_dtype=jnp.float32)
+            return matmul(x, kernel, out_dtype=jnp.float32, operand_dtype=self.matmul_dtype)
         table = self._target_embedding().embedding[...].astype(self.dtype)
-        return matmul(x, table, w_transposed=True, out_dtype=jnp.float32)
+        return matmul(
+            x, table, w_transposed=True, out_dtype=jnp.float32, operand_dtype=self.matmul_dtype
+        )
 
     # -- masks and biases -------------------------------------------------------------------
     def _mask(self, mask: SegmentMask) -> SegmentMask | jax.Array:

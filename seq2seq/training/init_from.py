@@ -1,9 +1,9 @@
 """Fine-tuning: a run that starts from the weights of a trained run (``train.init_from``).
 
 The parent is a run directory (its newest checkpoint) or one checkpoint directory
-``<workdir>/checkpoints/<step>``. Its model settings must match this run's (the dropout rates
-and ``model.dtype`` may differ: they change no parameter); the first key that differs is
-named with both values. The new run loads the parent's parameters and, with
+``<workdir>/checkpoints/<step>``. Its model settings must match this run's (the dropout
+rates, ``model.dtype`` and ``model.matmul_dtype`` may differ: they change no parameter); the
+first key that differs is named with both values. The new run loads the parent's parameters and, with
 ``train.init_optimizer``, its optimizer state; everything else (step 0, RNG from
 ``train.seed``, data position, counters, best-checkpoint bookkeeping, the EMA, which starts
 at the loaded weights) starts fresh. Only a run without a checkpoint of its own starts so: a
@@ -31,7 +31,13 @@ from seq2seq.workdir import checkpoint_dir, checkpoint_steps, config_path
 log = logging.getLogger(__name__)
 
 # Model settings a fine-tuning run may change: they change no parameter shape or meaning.
-FREE_MODEL_KEYS = ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate", "dtype")
+FREE_MODEL_KEYS = (
+    "dropout_rate",
+    "attention_dropout_rate",
+    "activation_dropout_rate",
+    "dtype",
+    "matmul_dtype",
+)
 
 
 @dataclass(frozen=True)

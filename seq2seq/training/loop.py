@@ -704,6 +704,11 @@ def _train_loop(
     loop = Loop(
         config, data, graphdef, partitioner, checkpointer, writer, evaluate_dev, bar, state, p
     )
+    # Each step's skip flag is read on the host one step late, after the next step has been
+    # dispatched, so that the host never waits for the device between steps; an action that
+    # needs the state (log, evaluate, checkpoint, extras) first reads every flag.
+    host_only = ("early_stopping", "stop")
+    skips = _SkipCounter(int(loop.state.skipped), tcfg.max_skipped_steps)
     with _StopFlag() as stop, contextlib.closing(bar):
         loop.stop_flag = stop
         batch = train_batch(data.train, p.micro_batches, accum) if p.step < tcfg.steps else None
@@ -720,17 +725,16 @@ def _train_loop(
             loop.window_real += real
             p.tokens_seen += real
             p.target_tokens_seen += target
-            in_a_row = int(loop.state.skipped)
-            p.skipped_total += int(float(m["skipped"]))
+            last = p.step == tcfg.steps
+            skips.unread.append((p.step, m["skipped"]))
+            needs_state = last or any(
+                a.due(p.step, last) for a in actions if a.name not in host_only
+            )
+            skips.read(p, keep_newest=not needs_state)
             bar.update(1)
-            if tcfg.max_skipped_steps and in_a_row >= tcfg.max_skipped_steps:
-                raise TrainingDiverged(
-                    _diverged_message(p, in_a_row, tcfg.max_skipped_steps), p.step
-                )
             p.train_seconds += time.perf_counter() - t0
 
             loop.new_best = None
-            last = p.step == tcfg.steps
             for action in actions:
                 if action.due(p.step, last):
                     action.run(loop)
@@ -738,6 +742,7 @@ def _train_loop(
                         break
             if loop.stopped:
                 break
+        skips.read(p, keep_newest=False)
         if p.last_saved != p.step:
             loop.save()
         checkpointer.wait()
@@ -752,14 +757,38 @@ def _train_loop(
     ) else "finished"
 
 
-def _diverged_message(p: Progress, in_a_row: int, limit: int) -> str:
+class _SkipCounter:
+    """The host's count of steps skipped in a row (``TrainState.skipped`` on the device),
+    from the ``skipped`` metric of each step, read when the caller allows."""
+
+    def __init__(self, in_a_row: int, limit: int):
+        self.in_a_row, self.limit = in_a_row, limit
+        self.unread: list[tuple[int, jax.Array]] = []  # (step, skipped flag)
+
+    def read(self, p: Progress, *, keep_newest: bool) -> None:
+        """Read the flags (all, or all but the newest step's, which may still be running).
+
+        Raises:
+          TrainingDiverged: ``limit`` steps in a row were skipped.
+        """
+        n = len(self.unread) - 1 if keep_newest else len(self.unread)
+        for step, flag in self.unread[:n]:
+            skipped = int(float(flag))
+            p.skipped_total += skipped
+            self.in_a_row = self.in_a_row + 1 if skipped else 0
+            if self.limit and self.in_a_row >= self.limit:
+                raise TrainingDiverged(_diverged_message(p, step, self.in_a_row, self.limit), step)
+        del self.unread[:n]
+
+
+def _diverged_message(p: Progress, step: int, in_a_row: int, limit: int) -> str:
     newest = (
         "no checkpoint was saved"
         if p.last_saved is None
         else f"the newest checkpoint is step {p.last_saved}"
     )
     return (
-        f"stopped at step {p.step}: steps {p.step - in_a_row + 1}..{p.step} ({in_a_row} in a "
+        f"stopped at step {step}: steps {step - in_a_row + 1}..{step} ({in_a_row} in a "
         f"row, train.max_skipped_steps={limit}) had a non-finite loss or gradient and were "
         f"skipped; {newest}. Lower train.learning_rate or raise train.warmup_steps, then rerun."
     )
