@@ -303,6 +303,11 @@ def measure_peak(dtype: str, size: int, repeats: int) -> list[float]:
     return out
 
 
+def peak_dtype(args: argparse.Namespace) -> str:
+    """The dtype of the matmuls, whose peak MFU is measured against."""
+    return "bfloat16" if "bfloat16" in (args.dtype, args.matmul_dtype) else "float32"
+
+
 def fixed_batches(count: int, rows: int, length: int, vocab: int, seed: int = 0) -> list[dict]:
     """``count`` training batches of random tokens without padding (the fixed presets).
 
@@ -350,7 +355,11 @@ class Bench:
         """The shipped small preset (or its smoke-sized version on a corpus subset)."""
         if self._config is None:
             a = self.args
-            overrides = [f"workdir={a.cache_dir}", f"model.dtype={a.dtype}"]
+            overrides = [
+                f"workdir={a.cache_dir}",
+                f"model.dtype={a.dtype}",
+                f"model.matmul_dtype={a.matmul_dtype}",
+            ]
             if a.smoke:
                 corpus = write_smoke_corpus(Path(a.cache_dir) / "corpus")
                 overrides += [
@@ -383,7 +392,10 @@ class Bench:
             self.prepared()
             return {**SMOKE_FIXED, "model": self.config().model, "train": self.config().train}
         spec = FIXED[name]
-        model = ModelConfig(**spec["model"], dropout_rate=0.1, dtype=self.args.dtype)
+        a = self.args
+        model = ModelConfig(
+            **spec["model"], dropout_rate=0.1, dtype=a.dtype, matmul_dtype=a.matmul_dtype
+        )
         return {**spec, "model": model, "train": TrainConfig(label_smoothing=0.1)}
 
     def peak(self) -> float:
@@ -394,17 +406,18 @@ class Bench:
 
     def sample_peak(self) -> None:
         a = self.args
-        self._peak_samples += measure_peak(a.dtype, a.peak_size, a.peak_repeats)
+        dtype = peak_dtype(a)
+        self._peak_samples += measure_peak(dtype, a.peak_size, a.peak_repeats)
         s = spread(self._peak_samples)
         self.result["peak"] = {
-            "what": f"jnp.dot of two [{a.peak_size}, {a.peak_size}] {a.dtype} "
+            "what": f"jnp.dot of two [{a.peak_size}, {a.peak_size}] {dtype} "
             "matrices accumulated in float32, 2·n³ FLOPs per call",
             "size": a.peak_size,
-            "dtype": a.dtype,
+            "dtype": dtype,
             "gflops_per_second": {k: (v / 1e9 if k != "n" else v) for k, v in s.items()},
         }
         say(
-            f"peak: {a.peak_size}x{a.peak_size} {a.dtype} matmul "
+            f"peak: {a.peak_size}x{a.peak_size} {dtype} matmul "
             f"{s['median'] / 1e9:.1f} GFLOP/s (min {s['min'] / 1e9:.1f}, max {s['max'] / 1e9:.1f})"
         )
 
@@ -1102,6 +1115,8 @@ class Bench:
             a.cache_dir,
             "--dtype",
             a.dtype,
+            "--matmul-dtype",
+            a.matmul_dtype,
             "--steps",
             str(a.steps),
             "--warmup",
@@ -1427,6 +1442,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("float32", "bfloat16"),
         help="compute dtype (default float32 on CPU, bfloat16 on GPU/TPU)",
     )
+    p.add_argument(
+        "--matmul-dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="model.matmul_dtype: bfloat16 rounds every projection's operands of a float32 "
+        "model (MFU is then against the bfloat16 peak)",
+    )
     p.add_argument("--config", default="configs/tatoeba_en_es.yaml", help="the small preset")
     p.add_argument(
         "--workdir",
@@ -1572,6 +1594,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "warmup": args.warmup,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "matmul_dtype": args.matmul_dtype,
         "machine": machine_info(args.dtype),
         "config": args.config,
         "cache_dir": args.cache_dir,
@@ -1580,7 +1603,8 @@ def main(argv: list[str] | None = None) -> int:
     m = bench.result["meta"]["machine"]
     say(
         f"machine: {m['cpu']}, {m['cpus_usable']} usable cores, jax {m['jax']}, backend "
-        f"{m['backend']} ({m['device_kind']}), dtype {args.dtype}, load {m['load_average_start']}"
+        f"{m['backend']} ({m['device_kind']}), dtype {args.dtype}, matmul operands "
+        f"{args.matmul_dtype}, load {m['load_average_start']}"
     )
     try:
         seconds = bench.result["meta"]["section_seconds"] = {}

@@ -64,7 +64,7 @@ TASKS = {
     "beam4": ("beam 4", "sentences/s", tuple(SYSTEMS)),
     "greedy": ("greedy", "sentences/s", tuple(SYSTEMS)),
 }
-# Goals of issue 19 for ours / peer (float32; with --dtype bfloat16, beam 4 against CT2 int8).
+# Goals of issue 19 for ours / peer (float32; with bfloat16 matmuls, beam 4 against CT2 int8).
 GOALS = {
     "float32": {("train", "pytorch"): 1.3, ("beam4", "ct2_float32"): 1.25},
     "bfloat16": {("train", "pytorch"): 1.3, ("beam4", "ct2_int8"): 1.0},
@@ -332,9 +332,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"Measured by `scripts/compare.py` on {m['date']}: {mach['cpu']}, "
         f"{mach['cpus_usable']} cores ({m['threads']} threads each side), load average "
         f"{mach['load_average_start'][0]:.1f} at the start and {m['load_average_end'][0]:.1f} "
-        f"at the end; {m['dtype']} matmul peak {peak['median']:.0f} GFLOP/s "
-        f"({peak['min']:.0f}–{peak['max']:.0f}, `jnp.dot`); "
-        f"our dtype {m['dtype']}; jax {v['jax']}, flax {v['flax']}, torch "
+        f"at the end; {m.get('peak_dtype', m['dtype'])} matmul peak "
+        f"{peak['median']:.0f} GFLOP/s ({peak['min']:.0f}–{peak['max']:.0f}, `jnp.dot`); "
+        f"our dtype {m['dtype']}, matmul operands {m.get('matmul_dtype', m['dtype'])}; "
+        f"jax {v['jax']}, flax {v['flax']}, torch "
         f"{v['torch']}, transformers {v['transformers']}, ctranslate2 {v['ctranslate2']}; "
         f"{m['rounds']} rounds of {m['steps']} training steps and {m['decode_repeats']} "
         f"decoding calls, median (min–max over rounds); {m['seconds'] / 60:.1f} minutes.",
@@ -394,6 +395,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="float32",
         choices=("float32", "bfloat16"),
         help="our compute dtype (the peers: float32, and CTranslate2 int8)",
+    )
+    p.add_argument(
+        "--matmul-dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="our model.matmul_dtype (bfloat16: bf16 operands of a float32 model)",
     )
     p.add_argument(
         "--pause",
@@ -473,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         str(args.decode_repeats),
         "--dtype",
         args.dtype,
+        "--matmul-dtype",
+        args.matmul_dtype,
     ]
     if args.smoke:
         bench_args += ["--peak-size", "256", "--peak-repeats", "2"]
@@ -485,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(),
         "threads": threads,
         "dtype": args.dtype,
+        "matmul_dtype": args.matmul_dtype,
+        "peak_dtype": benchmark.peak_dtype(args),
         "rounds": args.rounds,
         "steps": args.steps,
         "warmup": args.warmup,
@@ -514,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["seconds"] = time.perf_counter() - start
     meta["load_average_end"] = list(os.getloadavg())
     meta["peak_gflops_per_second"] = bench.result["peak"]["gflops_per_second"]
-    summary = summarize(rounds, {} if args.smoke else GOALS[args.dtype])
+    summary = summarize(rounds, {} if args.smoke else GOALS[meta["peak_dtype"]])
     result = {"meta": meta, "summary": summary, "rounds": rounds}
     table = markdown(result)
     print("\n" + table)

@@ -44,7 +44,17 @@ def test_smoke_times_every_pair(tmp_path):
     out, docs = tmp_path / "compare.json", tmp_path / "benchmarks.md"
     docs.write_text(f"before\n{BEGIN}\nold table\n{END}\nafter\n")
     proc = subprocess.run(
-        [sys.executable, "scripts/compare.py", "--smoke", "--json", str(out), "--docs", str(docs)],
+        [
+            sys.executable,
+            "scripts/compare.py",
+            "--smoke",
+            "--matmul-dtype",
+            "bfloat16",
+            "--json",
+            str(out),
+            "--docs",
+            str(docs),
+        ],
         cwd=ROOT,
         env={**os.environ, **FAST_XLA},
         capture_output=True,
@@ -56,6 +66,8 @@ def test_smoke_times_every_pair(tmp_path):
 
     m = r["meta"]
     assert m["machine"]["cpu"] and m["threads"] >= 1 and m["date"]
+    # bf16 operands of a float32 model: MFU against the bf16 peak
+    assert (m["dtype"], m["matmul_dtype"], m["peak_dtype"]) == ("float32", "bfloat16", "bfloat16")
     assert all(m["versions"][k] for k in ("jax", "flax", "torch", "transformers", "ctranslate2"))
     assert len(r["rounds"]) == m["rounds"] == 2
     s = r["summary"]["smoke"]
@@ -73,6 +85,7 @@ def test_smoke_times_every_pair(tmp_path):
     text = docs.read_text()
     assert text.startswith(f"before\n{BEGIN}\nMeasured by `scripts/compare.py`")
     assert text.endswith(f"{END}\nafter\n") and "old table" not in text
+    assert "our dtype float32, matmul operands bfloat16" in text
     assert "| smoke | beam 4 | sentences/s |" in text and "| smoke | training |" in text
 
 
