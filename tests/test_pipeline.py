@@ -194,6 +194,9 @@ def test_separate_vocabularies_with_shared_embeddings_fail_before_reading(tmp_pa
             replace(config, **{"tokenizer.joint": True, "tokenizer.character_coverage": 0.5}),
             config.workdir,
         )
+    # a batch size left to the recipe (data.max_tokens=0) is refused before reading too
+    with pytest.raises(ConfigError, match=r"data.max_tokens=0 is left to the recipe"):
+        prepare(replace(config, **{"tokenizer.joint": True}), config.workdir)
 
 
 def test_separate_vocabularies_feed_a_model_with_two_embedding_tables(toy):
