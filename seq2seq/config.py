@@ -316,8 +316,9 @@ class TrainConfig:
       init_from: start from the weights of a trained run (a workdir: its newest checkpoint, or
         a checkpoint directory ``<workdir>/checkpoints/<step>``) instead of a random init,
         reusing its SentencePiece model(s) (copied into this workdir, not retrained); the model
-        settings must match (dropout rates, ``dtype`` and ``matmul_dtype`` may differ). Only a run with no
-        checkpoint of its own starts from it; a resume continues from its own checkpoint.
+        settings must match (dropout rates, ``dtype`` and ``matmul_dtype`` may differ). Only a
+        run with no checkpoint of its own starts from it; a resume continues from its own
+        checkpoint.
       init_optimizer: with ``init_from``, also load the optimizer state (Adam moments and
         update count): the learning-rate schedule then continues where the parent stopped
         (no second warmup), while this run's own step counter (``train.steps``, intervals,

@@ -3,8 +3,8 @@
 The parent is a run directory (its newest checkpoint) or one checkpoint directory
 ``<workdir>/checkpoints/<step>``. Its model settings must match this run's (the dropout
 rates, ``model.dtype`` and ``model.matmul_dtype`` may differ: they change no parameter); the
-first key that differs is named with both values. The new run loads the parent's parameters and, with
-``train.init_optimizer``, its optimizer state; everything else (step 0, RNG from
+first key that differs is named with both values. The new run loads the parent's parameters
+and, with ``train.init_optimizer``, its optimizer state; everything else (step 0, RNG from
 ``train.seed``, data position, counters, best-checkpoint bookkeeping, the EMA, which starts
 at the loaded weights) starts fresh. Only a run without a checkpoint of its own starts so: a
 resume continues from its own checkpoint.
