@@ -285,7 +285,7 @@ class TrainConfig:
     Attributes:
       seed: seeds the initial parameters, the dropout keys and the data order.
       steps: total optimizer steps; 0 = ``token_budget / (data.max_tokens · grad_accum_steps)``.
-      token_budget: training tokens per side that ``steps`` = 0 spends (480 steps of 4,096
+      token_budget: training tokens per side that ``steps`` = 0 spends (960 steps of 2,048
         tokens: about 15 minutes of the shipped preset on 2 CPU cores).
       learning_rate: peak learning rate, reached after ``warmup_steps`` (linear warmup), then
         decayed as ``lr · sqrt(warmup_steps / step)`` (Vaswani et al. 2017, eq. 3, rescaled).
@@ -337,7 +337,7 @@ class TrainConfig:
 
     seed: int = 0
     steps: int = 0
-    token_budget: int = 480 * 4096
+    token_budget: int = 960 * 2048
     learning_rate: float = 2e-3
     warmup_steps: int = 0
     b1: float = 0.9

@@ -11,9 +11,9 @@ from seq2seq.data import recipe
 
 
 def reference_batch(pairs: int, max_len: int) -> int:
-    """The README's rule, written out: 4096·√(pairs/100k) clipped to [1024, 4096], then the
+    """The README's rule, written out: 4096·√(pairs/100k) clipped to [1024, 2048], then the
     power-of-two row count nearest in log scale (searched over all of them)."""
-    target = min(max(4096 * math.sqrt(pairs / 100_000), 1024), 4096)
+    target = min(max(4096 * math.sqrt(pairs / 100_000), 1024), 2048)
     rows = min(
         (2**e for e in range(20)), key=lambda r: abs(math.log2(r) - math.log2(target / max_len))
     )
@@ -22,11 +22,12 @@ def reference_batch(pairs: int, max_len: int) -> int:
 
 def test_batch_tokens_follow_the_rule():
     # the proxies of docs/benchmarks.md: shipped 136,672 pairs, long 45,527, small 20,000
-    assert recipe.batch_tokens(136_672, 64) == 4096
+    assert recipe.batch_tokens(136_672, 64) == 2048
     assert recipe.batch_tokens(45_527, 64) == 2048
     assert recipe.batch_tokens(20_000, 64) == 2048
+    assert recipe.batch_tokens(12_000, 64) == 1024
     assert recipe.batch_tokens(5_000, 64) == 1024
-    assert recipe.batch_tokens(10**7, 64) == 4096
+    assert recipe.batch_tokens(10**7, 64) == 2048
     previous = 0
     for pairs in [1, 500, 9_000, 12_000, 30_000, 60_000, 99_999, 250_000]:
         for max_len in (16, 32, 64, 128):

@@ -3,8 +3,9 @@
 At a fixed budget of training tokens, a smaller corpus trains better with smaller and more
 frequent updates. The rule, for every key left at 0 in the config:
 
-* ``data.max_tokens`` = ``4096 · √(pairs / 100,000)``, clipped to [1024, 4096] tokens and
-  rounded (in log scale) to a power-of-two number of rows of ``data.max_len`` tokens;
+* ``data.max_tokens`` = ``4096 · √(pairs / 100,000)``, clipped to [1024, 2048] tokens and
+  rounded (in log scale) to a power-of-two number of rows of ``data.max_len`` tokens (so
+  2,048 from about 12.5k pairs up, 1,024 below);
 * ``train.steps`` = ``train.token_budget / (data.max_tokens · train.grad_accum_steps)``;
 * ``train.warmup_steps`` = a fifth of ``train.steps``.
 
@@ -22,7 +23,7 @@ from seq2seq.config import Config, replace
 from seq2seq.data.sources import load_parallel
 
 REFERENCE_PAIRS = 100_000
-MAX_BATCH_TOKENS = 4096
+MAX_BATCH_TOKENS = 2048
 MIN_BATCH_TOKENS = 1024
 WARMUP_FRACTION = 0.2
 
