@@ -23,6 +23,7 @@ from seq2seq.config import Config, replace
 from seq2seq.data.sources import load_parallel
 
 REFERENCE_PAIRS = 100_000
+REFERENCE_TOKENS = 4096  # the batch of REFERENCE_PAIRS before the clip
 MAX_BATCH_TOKENS = 2048
 MIN_BATCH_TOKENS = 1024
 WARMUP_FRACTION = 0.2
@@ -33,7 +34,7 @@ def batch_tokens(pairs: int, max_len: int) -> int:
 
     Returns a power-of-two multiple of ``max_len`` (at least one row).
     """
-    target = MAX_BATCH_TOKENS * math.sqrt(max(pairs, 1) / REFERENCE_PAIRS)
+    target = REFERENCE_TOKENS * math.sqrt(max(pairs, 1) / REFERENCE_PAIRS)
     target = min(max(target, MIN_BATCH_TOKENS), MAX_BATCH_TOKENS)
     rows = 2 ** round(math.log2(max(target / max_len, 1.0)))
     return rows * max_len
