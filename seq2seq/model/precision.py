@@ -140,9 +140,16 @@ def dot_general_f32_accumulate(
     return out.astype(dtype)
 
 
+def operand_dtype(matmul_dtype: str | None) -> jnp.dtype | None:
+    """The ``operand_dtype`` of ``matmul`` for a ``model.matmul_dtype``: None (operands as they
+    are in the compute dtype) for ``float32`` or None, else that dtype."""
+    return None if matmul_dtype in (None, "float32") else jnp.dtype(matmul_dtype)
+
+
 def linear_dot_general(matmul_dtype: str | None = None) -> Callable[..., jax.Array]:
     """``nnx.Linear``'s ``dot_general``: float32 accumulation, operands in ``matmul_dtype``
-    (``None`` or the compute dtype: as they come)."""
-    if matmul_dtype in (None, "float32"):
+    (``None`` or ``float32``: as they come in the compute dtype)."""
+    operand = operand_dtype(matmul_dtype)
+    if operand is None:
         return dot_general_f32_accumulate
-    return functools.partial(dot_general_f32_accumulate, operand_dtype=jnp.dtype(matmul_dtype))
+    return functools.partial(dot_general_f32_accumulate, operand_dtype=operand)

@@ -20,7 +20,7 @@ from seq2seq.model.attention import MultiHeadAttention, SegmentMask
 from seq2seq.model.axes import logical
 from seq2seq.model.layers import DecoderLayer, EncoderLayer, layer_norm
 from seq2seq.model.positions import Positions
-from seq2seq.model.precision import matmul
+from seq2seq.model.precision import matmul, operand_dtype
 
 
 def shift_right(targets: jax.Array, segments: jax.Array, bos_id: int, pad_id: int = 0) -> jax.Array:
@@ -99,8 +99,8 @@ class Transformer(nnx.Module):
         self.config = config
         dtype = jnp.dtype(config.dtype)
         self.dtype = dtype
-        # operands of the projections (None: as they are in the compute dtype)
-        self.matmul_dtype = None if config.matmul_dtype == "float32" else config.matmul_dtype
+        # operands of the logits' product (None: as they are in the compute dtype)
+        self.matmul_dtype = operand_dtype(config.matmul_dtype)
         d, vocab = config.d_model, config.vocab_size
         # N(0, d^-1/2) so that embeddings × √d have unit scale (tensor2tensor practice).
         embed_init = logical(nnx.initializers.normal(stddev=d**-0.5), ("vocab", "embed"))
