@@ -288,8 +288,10 @@ class TrainConfig:
       token_budget: training tokens per side that ``steps`` = 0 spends (960 steps of 2,048
         tokens: about 15 minutes of the shipped preset on 2 CPU cores).
       learning_rate: peak learning rate, reached after ``warmup_steps`` (linear warmup), then
-        decayed as ``lr · sqrt(warmup_steps / step)`` (Vaswani et al. 2017, eq. 3, rescaled).
+        decayed as ``schedule`` says.
         ``warmup_steps`` = 0: a fifth of ``steps`` (``seq2seq/data/recipe.py``).
+      schedule: the decay after the warmup (``seq2seq.training.step.learning_rate_schedule``):
+        ``rsqrt`` (inverse square root) or ``linear`` (to zero at ``steps``).
       b1, b2, eps, weight_decay: AdamW (Loshchilov & Hutter 2019); decay skips biases/norms.
       clip_norm: global gradient-norm clip (0 disables).
       label_smoothing: ε of label-smoothed cross-entropy (Szegedy et al. 2016).
@@ -340,6 +342,7 @@ class TrainConfig:
     token_budget: int = 960 * 2048
     learning_rate: float = 2e-3
     warmup_steps: int = 0
+    schedule: str = "linear"
     b1: float = 0.9
     b2: float = 0.98
     eps: float = 1e-9

@@ -35,6 +35,7 @@ from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.step import (
     abstract_train_state,
     create_train_state,
+    SCHEDULES,
     learning_rate_schedule,
     make_eval_step,
     make_optimizer,
@@ -124,6 +125,16 @@ def check_train_config(config: Config) -> None:
     ):
         if getattr(t, key) < 0:
             raise ConfigError(f"train.{key} must be >= 0, got {getattr(t, key)}")
+    if t.schedule not in SCHEDULES:
+        raise ConfigError(
+            f"train.schedule must be one of {', '.join(SCHEDULES)}, got {t.schedule!r}"
+        )
+    if t.schedule == "linear" and t.init_optimizer:
+        raise ConfigError(
+            "train.schedule=linear with train.init_optimizer=true: the parent's schedule has "
+            "no linear decay left to continue; set train.init_optimizer=false (a fresh "
+            "optimizer and schedule) or train.schedule=rsqrt"
+        )
     if t.best_metric not in MODES:
         raise ConfigError(
             f"train.best_metric must be one of {sorted(MODES)}, got {t.best_metric!r}"

@@ -57,19 +57,33 @@ class TrainState:
         return self.params if self.ema is None else self.ema
 
 
-def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
-    """Linear warmup to ``learning_rate``, then inverse-square-root decay.
+SCHEDULES = ("rsqrt", "linear")
 
-    lr(n) = peak · min(n / warmup, sqrt(warmup / n)) for optimizer step n = count + 1 (optax
-    counts the updates already made from 0, so step 1 trains at peak / warmup, not at 0) —
-    Vaswani et al. 2017, eq. 3, with the peak set directly instead of through d_model^-0.5.
+
+def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
+    """Linear warmup to ``learning_rate``, then the decay ``train.schedule`` names.
+
+    For optimizer step n = count + 1 (optax counts the updates already made from 0, so step 1
+    trains at peak / warmup, not at 0), with W = ``warmup_steps`` and T = ``steps``:
+
+    * ``rsqrt``: peak · min(n / W, sqrt(W / n)) — Vaswani et al. 2017, eq. 3, with the peak
+      set directly instead of through d_model^-0.5;
+    * ``linear``: peak · min(n / W, (T - n + 1) / (T - W + 1)), clipped at 0 — a linear decay
+      that reaches peak / (T - W + 1) at the last step and 0 after it (the "linear decay to
+      zero" of fairseq's ``polynomial_decay`` and of BERT).
     """
     warmup = max(config.warmup_steps, 1)
     peak = config.learning_rate
+    total = max(config.steps, warmup)
+    linear = config.schedule == "linear"
 
     def schedule(count):
         n = jnp.asarray(count, jnp.float32) + 1.0
-        return peak * jnp.minimum(n / warmup, jnp.sqrt(warmup / n))
+        if linear:
+            decay = jnp.clip((total - n + 1.0) / (total - warmup + 1.0), 0.0, 1.0)
+        else:
+            decay = jnp.sqrt(warmup / n)
+        return peak * jnp.minimum(n / warmup, decay)
 
     return schedule
 
