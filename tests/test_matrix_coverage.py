@@ -9,6 +9,7 @@ from tiny_run import ROOT
 from seq2seq.config import GPU_ONLY_CHOICES, MODEL_CHOICES
 from seq2seq.data.sources import FORMATS
 from seq2seq.data.tokenizer import MODEL_TYPES, NORMALIZATIONS
+from seq2seq.training.step import SCHEDULES
 from seq2seq.translation import LENGTH_PENALTIES
 
 CHOICES = {
@@ -16,6 +17,7 @@ CHOICES = {
     "tokenizer.model_type": MODEL_TYPES,
     "tokenizer.normalization": NORMALIZATIONS,
     "decode.length_penalty": LENGTH_PENALTIES,
+    "train.schedule": SCHEDULES,
 }
 
 

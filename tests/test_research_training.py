@@ -300,6 +300,7 @@ def test_fine_tuning_starts_from_the_parent_and_resumes_from_itself(both, corpus
             again,
             f"train.init_from={both}/checkpoints/2",
             "train.init_optimizer=true",
+            "train.schedule=rsqrt",
             "train.steps=1",
             "train.log_every=1",
             "decode.test_limit=1",

@@ -52,12 +52,27 @@ def test_loss_ignores_padding():
 
 def test_schedule_warmup_then_inverse_sqrt():
     # optax counts updates from 0; the rate of optimizer step n = count + 1 is eq. 3's
-    cfg = TrainConfig(learning_rate=1e-3, warmup_steps=100)
+    cfg = TrainConfig(learning_rate=1e-3, warmup_steps=100, schedule="rsqrt")
     lr = learning_rate_schedule(cfg)
     np.testing.assert_allclose(lr(0), 1e-5, rtol=1e-6)  # step 1 already moves the parameters
     np.testing.assert_allclose(lr(49), 0.5e-3, rtol=1e-6)
     np.testing.assert_allclose(lr(99), 1e-3, rtol=1e-6)
     np.testing.assert_allclose(lr(399), 1e-3 * np.sqrt(100 / 400), rtol=1e-6)
+
+
+def test_schedule_warmup_then_linear_decay_to_zero():
+    # the same warmup; then peak · (T - n + 1) / (T - W + 1): 1 at n = W, 0 after n = T
+    cfg = TrainConfig(learning_rate=1e-3, warmup_steps=100, steps=400, schedule="linear")
+    lr = learning_rate_schedule(cfg)
+    np.testing.assert_allclose(lr(0), 1e-5, rtol=1e-6)
+    np.testing.assert_allclose(lr(99), 1e-3, rtol=1e-6)
+    np.testing.assert_allclose(lr(100), 1e-3 * 300 / 301, rtol=1e-6)
+    np.testing.assert_allclose(lr(249), 1e-3 * 151 / 301, rtol=1e-6)
+    np.testing.assert_allclose(lr(399), 1e-3 / 301, rtol=1e-6)  # the last step still moves
+    assert float(lr(400)) == 0.0 and float(lr(10_000)) == 0.0
+    # the rate never rises after the warmup
+    rates = np.array([float(lr(k)) for k in range(99, 420)])
+    assert (np.diff(rates) <= 0).all()
 
 
 def test_the_first_optimizer_step_changes_the_parameters():
