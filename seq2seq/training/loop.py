@@ -33,9 +33,9 @@ from seq2seq.training.early_stopping import MODES, BestTracker
 from seq2seq.training.init_from import init_from_parent, resolve_parent
 from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.step import (
+    SCHEDULES,
     abstract_train_state,
     create_train_state,
-    SCHEDULES,
     learning_rate_schedule,
     make_eval_step,
     make_optimizer,
