@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from seq2seq.config import ConfigError, DecodeConfig, load_config, replace, to_dict
+from seq2seq.config import ConfigError, DecodeConfig, config_yaml, load_config, replace
 
 
 def _setup_logging(workdir: Path | None = None) -> None:
@@ -81,7 +81,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"workdir={config.workdir}: cannot hold the run: {e}")
     if recipe_note:
         logging.getLogger(__name__).info("%s", recipe_note)
-    logging.getLogger(__name__).info("config:\n%s", _yaml(config))
+    logging.getLogger(__name__).info("config:\n%s", config_yaml(config))
     try:
         summary = train(config, checked=True)
     except Interrupted as e:
@@ -121,12 +121,6 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     for ex in summary["examples"]:
         print(f"  SRC {ex['source']}\n  REF {ex['reference']}\n  HYP {ex['hypothesis']}\n")
     return 0
-
-
-def _yaml(config) -> str:
-    import yaml
-
-    return yaml.safe_dump(to_dict(config), sort_keys=False)
 
 
 def _positive_int(text: str) -> int:

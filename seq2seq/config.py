@@ -628,6 +628,11 @@ def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def config_yaml(config: Config) -> str:
+    """The config as YAML text, keys in the dataclasses' order (what ``load_config`` reads)."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
 def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved config as YAML (loadable again with ``load_config``)."""
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
+    Path(path).write_text(config_yaml(config), encoding="utf-8")

@@ -21,9 +21,8 @@ from typing import Any
 
 import jax
 import numpy as np
-import yaml
 
-from seq2seq.config import Config, DecodeConfig, ModelConfig, to_dict
+from seq2seq.config import Config, DecodeConfig, ModelConfig, config_yaml, to_dict
 from seq2seq.data.tokenizer import Tokenizer, TokenizerPair
 
 FORMATS = ("ctranslate2", "safetensors")
@@ -348,7 +347,7 @@ def export_run(
     for tok in dict.fromkeys([tokenizer.source, tokenizer.target]):  # joint: one file
         shutil.copy2(tok.path, out / tok.path.name)
         spm_files.append(tok.path.name)
-    as_yaml = yaml.safe_dump(to_dict(config), sort_keys=False)
+    as_yaml = config_yaml(config)
     if to == "safetensors":
         (out / "config.yaml").write_text(as_yaml, encoding="utf-8")
         (out / "config.json").write_text(json.dumps(to_dict(config), indent=1), encoding="utf-8")

@@ -8,9 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from seq2seq.config import Config, to_dict
+from seq2seq.config import Config, config_yaml
 from seq2seq.training.metrics import read_metrics
 from seq2seq.workdir import checkpoint_steps, config_changes_path, config_path, tokenizer_path
 
@@ -211,7 +209,7 @@ def summary_markdown(workdir: str | Path, config: Config, summary: dict[str, Any
         "## Config",
         "",
         "```yaml",
-        yaml.safe_dump(to_dict(config), sort_keys=False).rstrip(),
+        config_yaml(config).rstrip(),
         "```",
         "",
     ]
