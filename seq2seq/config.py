@@ -342,7 +342,7 @@ class TrainConfig:
     token_budget: int = 960 * 2048
     learning_rate: float = 2e-3
     warmup_steps: int = 0
-    schedule: str = "linear"
+    schedule: str = "rsqrt"
     b1: float = 0.9
     b2: float = 0.98
     eps: float = 1e-9

@@ -127,7 +127,7 @@ def test_invalid_train_settings_are_config_errors(corpus, tmp_path):
         "train.dev_bleu=false train.best_metric=bleu": "dev_bleu",
         "train.test_checkpoint=first": "train.test_checkpoint",
         "train.schedule=cosine": "train.schedule",
-        "train.schedule=linear train.init_optimizer=true": "train.init_optimizer",
+        "train.schedule=linear train.init_optimizer=true train.init_from=p": "init_optimizer",
     }
     for overrides, key in bad.items():
         with pytest.raises(ConfigError, match=key):

@@ -129,7 +129,7 @@ def check_train_config(config: Config) -> None:
         raise ConfigError(
             f"train.schedule must be one of {', '.join(SCHEDULES)}, got {t.schedule!r}"
         )
-    if t.schedule == "linear" and t.init_optimizer:
+    if t.schedule == "linear" and t.init_optimizer and t.init_from:
         raise ConfigError(
             "train.schedule=linear with train.init_optimizer=true: the parent's schedule has "
             "no linear decay left to continue; set train.init_optimizer=false (a fresh "
