@@ -81,15 +81,20 @@ def test_matmul_outputs_and_gradients_equal_autodiff():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_bfloat16_operands_equal_autodiff_of_the_rounded_product():
+@pytest.mark.parametrize("w_transposed", [False, True])
+def test_bfloat16_operands_equal_autodiff_of_the_rounded_product(w_transposed):
     """``operand_dtype``: the value and both gradients are those of autodiff through
-    ``dot(bf16(x), bf16(W))`` accumulated in float32, with the incoming gradient rounded too."""
+    ``dot(bf16(x), bf16(W))`` accumulated in float32, with the incoming gradient rounded too;
+    also for a ``[out, in]`` table (``w_transposed``), whose weight gradient is transposed back
+    from ``[in, out]``."""
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.normal(size=(3, 5, 16)), jnp.float32)
     w = jnp.asarray(rng.normal(size=(16, 8)), jnp.float32)
     bf = jnp.bfloat16
+    stored = w.T if w_transposed else w  # the array matmul receives
 
     def rounded(a, b):
+        b = b.T if w_transposed else b
         out = jnp.einsum(
             "bli,io->blo", a.astype(bf), b.astype(bf), preferred_element_type=jnp.float32
         )
@@ -98,19 +103,24 @@ def test_bfloat16_operands_equal_autodiff_of_the_rounded_product():
     def loss(f):
         return lambda a, b: jnp.sum(jnp.sin(f(a, b)) * 3.0)
 
+    def ours(a, b):
+        return matmul(a, b, w_transposed=w_transposed, operand_dtype=bf)
+
     with kernels.use(kernels.CPU):
-        y = matmul(x, w, operand_dtype=bf)
-        dx, dw = jax.grad(loss(lambda a, b: matmul(a, b, operand_dtype=bf)), (0, 1))(x, w)
+        y = ours(x, stored)
+        dx, dw = jax.grad(loss(ours), (0, 1))(x, stored)
     assert y.dtype == dx.dtype == dw.dtype == jnp.float32
-    np.testing.assert_allclose(y, rounded(x, w), rtol=1e-6, atol=1e-6)
+    assert dw.shape == stored.shape
+    np.testing.assert_allclose(y, rounded(x, stored), rtol=1e-6, atol=1e-6)
     # reference: the cotangent of sin(y)·3 rounded to bf16, then float32 products of the
     # rounded operands
-    g = (jnp.cos(rounded(x, w)) * 3.0).astype(bf).astype(jnp.float32)
+    g = (jnp.cos(rounded(x, stored)) * 3.0).astype(bf).astype(jnp.float32)
     xr, wr = x.astype(bf).astype(jnp.float32), w.astype(bf).astype(jnp.float32)
+    dw_ref = jnp.einsum("bli,blo->io", xr, g)
     np.testing.assert_allclose(dx, jnp.einsum("blo,io->bli", g, wr), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dw, jnp.einsum("bli,blo->io", xr, g), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dw, dw_ref.T if w_transposed else dw_ref, rtol=1e-5, atol=1e-5)
     # and the rounding is real: float32 operands give a different product
-    assert float(jnp.max(jnp.abs(matmul(x, w) - y))) > 1e-3
+    assert float(jnp.max(jnp.abs(matmul(x, stored, w_transposed=w_transposed) - y))) > 1e-3
 
 
 def test_training_loss_and_gradients_equal_under_both_kernels(rng):
