@@ -315,6 +315,13 @@ class TrainConfig:
       test_checkpoint: parameters decoded for the final test score: ``best`` (the best
         checkpoint, if any) or ``last``.
       max_seconds: stop (and checkpoint) after this much training wall time (0 = no limit).
+      time_budget: size the run to this many seconds of training time (0 = off; dev
+        evaluations and checkpoints are not counted). When the run reaches the end of its
+        warmup, ``steps`` is replaced by the step count that fills the rest of the budget at the
+        speed measured over the warmup (``seq2seq.data.recipe.steps_for_time_budget``), so a
+        ``linear`` decay ends with the budget; the chosen count is logged and written to
+        ``config.yaml``, and from then on the run is an ordinary step-budget run (a resume
+        keeps the count). The run's length then depends on the machine's speed.
       init_from: start from the weights of a trained run (a workdir: its newest checkpoint, or
         a checkpoint directory ``<workdir>/checkpoints/<step>``) instead of a random init,
         reusing its SentencePiece model(s) (copied into this workdir, not retrained); the model
@@ -363,6 +370,7 @@ class TrainConfig:
     patience: int = 0
     test_checkpoint: str = "best"
     max_seconds: float = 0.0
+    time_budget: float = 0.0
     init_from: str | None = None
     init_optimizer: bool = False
     ema_decay: float = 0.0

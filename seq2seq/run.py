@@ -88,6 +88,7 @@ RESUMABLE = (
     "train.keep_best",
     "train.test_checkpoint",
     "train.max_seconds",
+    "train.time_budget",
     "train.max_skipped_steps",
     "train.allow_config_change",
     "decode.",
@@ -177,11 +178,21 @@ def resolve_recipe(config: Config) -> tuple[Config, str]:
     0 filled in: on resume with the run's saved values, else by the recipe's rule from the
     training corpus (``seq2seq/data/recipe.py``); and the line to log (empty: nothing chosen).
 
+    A ``train.steps`` given by the user (not 0) turns ``train.time_budget`` off: the budget
+    only chooses the steps that are left to it.
+
     Raises:
       DataError / FileNotFoundError: the training corpus cannot be read (only read when needed).
     """
+    given = ""
+    if config.train.steps and config.train.time_budget:
+        given = (
+            f"train.steps={config.train.steps} is given: "
+            f"train.time_budget={config.train.time_budget:g} does not apply"
+        )
+        config = replace(config, **{"train.time_budget": 0.0})
     if not recipe.left_to_recipe(config):
-        return config, ""
+        return config, given
     workdir = Path(config.workdir)
     if checkpoint_steps(workdir) and config_path(workdir).is_file():
         saved = load_config(config_path(workdir))
@@ -191,7 +202,8 @@ def resolve_recipe(config: Config) -> tuple[Config, str]:
             "train.warmup_steps": (config.train.warmup_steps, saved.train.warmup_steps),
         }
         config = replace(config, **{k: old for k, (new, old) in keep.items() if not new})
-    return recipe.resolve(config)
+    config, note = recipe.resolve(config)
+    return config, "; ".join(n for n in (note, given) if n)
 
 
 def check_attention_config(m: ModelConfig) -> None:
@@ -424,6 +436,7 @@ def train(config: Config, *, checked: bool = False) -> dict[str, Any]:
     workdir = Path(config.workdir)
     try:
         result = fit(config, data, dev_bleu=dev_bleu(data, config), remap_data_from=remap)
+        config = result.config  # train.steps as train.time_budget chose it
     except (Interrupted, TrainingDiverged) as e:
         status = "interrupted" if isinstance(e, Interrupted) else "diverged"
         if is_main_process():

@@ -271,6 +271,18 @@ def main_process_first(name: str) -> Iterator[None]:
         multihost_utils.sync_global_devices(name)
 
 
+def agree_on_steps(steps: int) -> int:
+    """The smallest of every process's ``steps`` (``train.time_budget``'s choice, made from
+    each process's own clock), so that all of them run the same number of steps. With one
+    process, ``steps`` unchanged, without any collective."""
+    if jax.process_count() == 1:
+        return steps
+    from jax.experimental import multihost_utils
+
+    every = np.asarray(multihost_utils.process_allgather(np.array([steps], np.int64)))
+    return int(every.min())
+
+
 def agree_to_stop(signum: int | None, out_of_time: bool) -> tuple[int | None, bool]:
     """Combine every process's stop flags into one decision that all processes share.
 

@@ -1,6 +1,7 @@
 """The recipe (seq2seq/data/recipe.py): batch size, steps and warmup from the corpus size, by
 formula and through the real ``seq2seq-train`` (its log, config.yaml and a resume)."""
 
+import json
 import math
 
 import yaml
@@ -8,6 +9,7 @@ from tiny_run import cli_env, run, tiny_config, tiny_overrides, train_command, w
 
 from seq2seq.config import replace
 from seq2seq.data import recipe
+from seq2seq.run import resolve_recipe
 
 
 def reference_batch(pairs: int, max_len: int) -> int:
@@ -85,3 +87,64 @@ def test_train_command_uses_the_recipe_and_a_resume_keeps_it(tmp_path):
     assert "resuming step 5 with train.steps changed: 5 → 10" in (workdir / "train.log").read_text(
         encoding="utf-8"
     )
+
+
+def test_steps_for_time_budget_follow_the_measured_rate():
+    # 9 steps in 9 s after the first step's 3 s: 1 step/s, so 18 s left are 18 more steps
+    assert recipe.steps_for_time_budget(10, 12.0, 1, 3.0, 30.0) == 28
+    assert recipe.steps_for_time_budget(10, 12.0, 1, 7.5, 30.0) == 10 + math.floor(18 * 9 / 4.5)
+    # a budget already spent ends the run where it is
+    assert recipe.steps_for_time_budget(10, 40.0, 1, 3.0, 30.0) == 10
+    # no measured interval (the first step of this process is this one): step / seconds
+    assert recipe.steps_for_time_budget(10, 5.0, 10, 5.0, 30.0) == 10 + 50
+
+
+def test_time_budget_chooses_the_steps_at_the_end_of_the_warmup(tmp_path):
+    corpus = write_corpus(tmp_path / "data", train=300)
+    workdir = tmp_path / "run"
+    args = tiny_overrides(
+        corpus,
+        workdir,
+        "train.steps=0",  # provisional: token_budget / max_tokens = 10
+        "train.token_budget=2560",
+        "train.warmup_steps=8",
+        "train.schedule=linear",
+        "train.time_budget=4",
+        "train.log_every=1",
+    )
+    proc = run(train_command(args), cli_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = (workdir / "train.log").read_text(encoding="utf-8")
+    chosen = [line for line in log.splitlines() if "train.time_budget=4s:" in line]
+    assert len(chosen) == 1, log[-3000:]
+    steps = int(chosen[0].rsplit("train.steps=", 1)[1].split()[0])
+    assert steps > 10 and "(was 10)" in chosen[0]  # a 20k-parameter step takes milliseconds
+    saved = yaml.safe_load((workdir / "config.yaml").read_text(encoding="utf-8"))
+    assert saved["train"]["steps"] == steps and saved["train"]["warmup_steps"] == 8
+    summary = json.loads((workdir / "test.json").read_text(encoding="utf-8"))
+    assert summary["status"] == "finished" and summary["step"] == steps
+    # the linear decay ends at the chosen step: peak · 1 / (T - W + 1) at the last step
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").open(encoding="utf-8")]
+    train = [r for r in rows if r["split"] == "train"]
+    assert train[-1]["step"] == steps
+    assert math.isclose(train[-1]["learning_rate"], 2e-3 / (steps - 8 + 1), rel_tol=1e-5)
+    assert math.isclose(train[7]["learning_rate"], 2e-3, rel_tol=1e-5)  # step 8: the peak
+    # a rerun resumes the finished run with its chosen steps: nothing is chosen again
+    proc = run(train_command(args), cli_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = (workdir / "train.log").read_text(encoding="utf-8")
+    assert sum("train.time_budget=4s:" in line for line in log.splitlines()) == 1
+    saved = yaml.safe_load((workdir / "config.yaml").read_text(encoding="utf-8"))
+    assert saved["train"]["steps"] == steps
+
+
+def test_a_given_step_count_turns_the_time_budget_off(tmp_path):
+    corpus = write_corpus(tmp_path / "data", train=300)
+    given = tiny_config(corpus, tmp_path / "run", "train.steps=7", "train.time_budget=840")
+    config, note = resolve_recipe(given)
+    assert config.train.steps == 7 and config.train.time_budget == 0
+    assert note == "train.steps=7 is given: train.time_budget=840 does not apply"
+    left = tiny_config(corpus, tmp_path / "run", "train.steps=0", "train.time_budget=840")
+    config, note = resolve_recipe(left)  # provisional steps from the token budget
+    assert config.train.time_budget == 840 and config.train.steps > 0
+    assert "train.time_budget" not in note

@@ -9,6 +9,10 @@ frequent updates. The rule, for every key left at 0 in the config:
 * ``train.steps`` = ``train.token_budget / (data.max_tokens · train.grad_accum_steps)``;
 * ``train.warmup_steps`` = a fifth of ``train.steps``.
 
+With ``train.time_budget`` (seconds) the steps above are provisional: at the end of the warmup
+the training loop replaces them by ``steps_for_time_budget``, the count that fills the budget at
+the speed measured so far.
+
 ``pairs`` counts every training pair read (after empty pairs are skipped, before the length
 filters), summed over the corpora of a ``data.train`` list. The peak learning rate stays
 ``train.learning_rate``. The evidence is the quality table of ``scripts/compare.py --quality``
@@ -85,3 +89,21 @@ def resolve(config: Config, pairs: int | None = None) -> tuple[Config, str]:
     told = f" for {pairs:,} training pairs" if pairs is not None else ""
     chosen = ", ".join(f"{k}={v}" for k, v in changes.items())
     return replace(config, **changes), f"recipe{told}: {chosen}"
+
+
+def steps_for_time_budget(
+    step: int, seconds: float, first_step: int, first_seconds: float, budget: float
+) -> int:
+    """The total step count that ends training at ``budget`` seconds of training time.
+
+    At ``step``, after ``seconds`` of training time, with the rate measured since
+    ``first_step`` (``first_seconds``; the first step of this process, after its compilation):
+    ``step + floor((budget - seconds) · (step - first_step) / (seconds - first_seconds))``,
+    and never fewer than ``step`` (a budget already spent ends the run here). Without a
+    measured interval the rate is ``step / seconds``.
+    """
+    if step > first_step and seconds > first_seconds:
+        rate = (step - first_step) / (seconds - first_seconds)
+    else:
+        rate = step / max(seconds, 1e-9)
+    return step + max(0, math.floor((budget - seconds) * rate))

@@ -23,11 +23,12 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from seq2seq.config import Config, ConfigError
+from seq2seq.config import Config, ConfigError, replace, save_config
 from seq2seq.data.batching import MixedBatches, PackedBatches
 from seq2seq.data.pipeline import PreparedData
+from seq2seq.data.recipe import steps_for_time_budget
 from seq2seq.model import build_model
-from seq2seq.sharding import Partitioner, agree_to_stop, is_main_process
+from seq2seq.sharding import Partitioner, agree_on_steps, agree_to_stop, is_main_process
 from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.early_stopping import MODES, BestTracker
 from seq2seq.training.init_from import init_from_parent, resolve_parent
@@ -41,7 +42,7 @@ from seq2seq.training.step import (
     make_optimizer,
     sharded_train_step,
 )
-from seq2seq.workdir import checkpoint_dir
+from seq2seq.workdir import checkpoint_dir, config_path
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,9 @@ def check_train_config(config: Config) -> None:
     for key in positive:
         if getattr(t, key) < 1:
             raise ConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
+    for key in ("max_seconds", "time_budget"):
+        if getattr(t, key) < 0:
+            raise ConfigError(f"train.{key} must be >= 0 seconds (0 = off), got {getattr(t, key)}")
     for key in (
         "steps",  # 0: from train.token_budget (seq2seq/data/recipe.py)
         "warmup_steps",  # 0: a fifth of the steps
@@ -344,6 +348,7 @@ class FitResult:
       best_checkpoint: the step of the kept best checkpoint, or None.
       test_params / test_step: the parameters chosen by ``train.test_checkpoint`` and their step.
       partitioner: the run's mesh and sharding rules.
+      config: the run's config at the end (``train.steps`` as ``train.time_budget`` chose it).
     """
 
     graphdef: Any
@@ -356,6 +361,7 @@ class FitResult:
     test_params: Any
     test_step: int
     partitioner: Partitioner
+    config: Config
 
     @property
     def best(self) -> BestTracker:
@@ -473,7 +479,7 @@ def fit(
             data.train.rows,
             data.train.max_len,
         )
-        state, stopped = _train_loop(
+        state, stopped, config = _train_loop(
             config,
             data,
             graphdef,
@@ -499,6 +505,7 @@ def fit(
             test_params,
             test_step,
             partitioner,
+            config,
         )
 
 
@@ -685,22 +692,30 @@ def _train_loop(
     dev_bleu: DevBleu | None,
     partitioner: Partitioner,
     extra_actions: Sequence[Action] = (),
-) -> tuple[Any, str]:
+) -> tuple[Any, str, Config]:
     """The driver: run steps and, after each, the actions that are due; returns (state, why
-    stopped)."""
+    stopped, the config: ``train.steps`` may have been chosen by ``train.time_budget``)."""
     tcfg, p, accum = config.train, progress, config.train.grad_accum_steps
     shardings = partitioner.shardings(abstract_train_state(config)[1])
-    # micro-batches [accum, rows, length]: rows (axis 1) are split over data × fsdp
-    sharded_step = sharded_train_step(
-        partitioner,
-        shardings,
-        graphdef,
-        make_optimizer(tcfg),
-        bos_id=data.tokenizer.bos_id,
-        label_smoothing=tcfg.label_smoothing,
-        row_axis=1,
-        ema_decay=tcfg.ema_decay,
-    )
+
+    def compile_step(tcfg):
+        # micro-batches [accum, rows, length]: rows (axis 1) are split over data × fsdp
+        return sharded_train_step(
+            partitioner,
+            shardings,
+            graphdef,
+            make_optimizer(tcfg),
+            bos_id=data.tokenizer.bos_id,
+            label_smoothing=tcfg.label_smoothing,
+            row_axis=1,
+            ema_decay=tcfg.ema_decay,
+        )
+
+    sharded_step = compile_step(tcfg)
+    # train.time_budget: the step count is chosen when this process reaches the end of the
+    # warmup, from the speed measured since its own first step (after that step's compilation)
+    budget_due = bool(tcfg.time_budget) and p.step < tcfg.warmup_steps
+    first: tuple[int, float] | None = None
     evaluate_dev = dev_evaluator(graphdef, shardings.params, data, config, partitioner, dev_bleu)
     actions = default_actions(config, extra_actions)
     bar = tqdm(
@@ -730,6 +745,16 @@ def _train_loop(
             real = target + int((batch["src_segments"] > 0).sum())
             loop.state, m = sharded_step(loop.state, partitioner.shard_batch(batch, row_axis=1))
             p.step, p.micro_batches = p.step + 1, p.micro_batches + accum
+            if budget_due and first is None:
+                first = (p.step, p.train_seconds + time.perf_counter() - t0)
+            if budget_due and p.step == tcfg.warmup_steps:
+                assert first is not None
+                budget_due = False
+                config = _steps_from_time_budget(
+                    loop, first, p.train_seconds + time.perf_counter() - t0
+                )
+                tcfg = config.train
+                sharded_step = compile_step(tcfg)  # the decay's new end: one more compilation
             if p.step < tcfg.steps:  # prepared on the host while the device computes
                 batch = train_batch(data.train, p.micro_batches, accum)
             loop.pending.append(m)
@@ -762,10 +787,34 @@ def _train_loop(
         signum, _ = agree_to_stop(stop.signum, False)
         if signum is not None:
             raise Interrupted(p.step, signum)
-    return loop.state, loop.stopped if loop.stopped in (
-        "early_stopping",
-        "max_seconds",
-    ) else "finished"
+    stopped = loop.stopped if loop.stopped in ("early_stopping", "max_seconds") else "finished"
+    return loop.state, stopped, loop.config
+
+
+def _steps_from_time_budget(loop: Loop, first: tuple[int, float], seconds: float) -> Config:
+    """``train.time_budget`` at the end of the warmup: ``loop.config`` with ``train.steps``
+    replaced by ``steps_for_time_budget`` (agreed by all processes), logged, written to
+    ``config.yaml`` and shown by the progress bar; returns the new config."""
+    p, c = loop.progress, loop.config.train
+    steps = agree_on_steps(steps_for_time_budget(p.step, seconds, *first, c.time_budget))
+    log.info(
+        "train.time_budget=%gs: %.3f s/step over steps %d-%d, %.0f s of %g spent; "
+        "train.steps=%d (was %d)",
+        c.time_budget,
+        (seconds - first[1]) / max(p.step - first[0], 1),
+        first[0] + 1,
+        p.step,
+        seconds,
+        c.time_budget,
+        steps,
+        c.steps,
+    )
+    loop.config = replace(loop.config, **{"train.steps": steps})
+    if is_main_process():
+        save_config(loop.config, config_path(loop.config.workdir))
+    loop.bar.total = steps
+    loop.bar.refresh()
+    return loop.config
 
 
 class _SkipCounter:
