@@ -26,8 +26,9 @@ Proxies (never tune on one test set alone):
   (about 20–30 words per side; group sizes drawn with seed 0).
 
 The corpora and runs go to ``--out`` (``runs/quality``); the table to stdout, ``--json`` and
-``--docs`` (between the ``compare.py quality`` markers). Not run in CI: each proxy trains for
-the config's full budget twice (about 35 minutes per proxy on 2 cores).
+``--docs`` (between the ``compare.py quality`` markers). Not run in CI: each proxy trains
+twice, our side for the config's budget (the shipped preset: ``train.time_budget`` 780 s) and
+the peer for at least ``--peer-seconds`` (about 30 minutes per proxy on 2 cores).
 """
 
 from __future__ import annotations
