@@ -4,12 +4,14 @@ formula and through the real ``seq2seq-train`` (its log, config.yaml and a resum
 import json
 import math
 
+import pytest
 import yaml
 from tiny_run import cli_env, run, tiny_config, tiny_overrides, train_command, write_corpus
 
-from seq2seq.config import replace
+from seq2seq.config import ConfigError, replace
 from seq2seq.data import recipe
 from seq2seq.run import resolve_recipe
+from seq2seq.training.loop import check_train_config
 
 
 def reference_batch(pairs: int, max_len: int) -> int:
@@ -148,3 +150,11 @@ def test_a_given_step_count_turns_the_time_budget_off(tmp_path):
     config, note = resolve_recipe(left)  # provisional steps from the token budget
     assert config.train.time_budget == 840 and config.train.steps > 0
     assert "train.time_budget" not in note
+
+
+def test_a_negative_time_budget_is_a_named_error(tmp_path):
+    corpus = write_corpus(tmp_path / "data", train=300)
+    for key in ("time_budget", "max_seconds"):
+        config = tiny_config(corpus, tmp_path / "run", f"train.{key}=-5")
+        with pytest.raises(ConfigError, match=f"train.{key} must be >= 0 seconds"):
+            check_train_config(config)
