@@ -750,10 +750,8 @@ def _train_loop(
             if budget_due and p.step == tcfg.warmup_steps:
                 assert first is not None
                 budget_due = False
-                config = _steps_from_time_budget(
-                    loop, first, p.train_seconds + time.perf_counter() - t0
-                )
-                tcfg = config.train
+                _steps_from_time_budget(loop, first, p.train_seconds + time.perf_counter() - t0)
+                tcfg = loop.config.train
                 sharded_step = compile_step(tcfg)  # the decay's new end: one more compilation
             if p.step < tcfg.steps:  # prepared on the host while the device computes
                 batch = train_batch(data.train, p.micro_batches, accum)
@@ -791,10 +789,10 @@ def _train_loop(
     return loop.state, stopped, loop.config
 
 
-def _steps_from_time_budget(loop: Loop, first: tuple[int, float], seconds: float) -> Config:
-    """``train.time_budget`` at the end of the warmup: ``loop.config`` with ``train.steps``
-    replaced by ``steps_for_time_budget`` (agreed by all processes), logged, written to
-    ``config.yaml`` and shown by the progress bar; returns the new config."""
+def _steps_from_time_budget(loop: Loop, first: tuple[int, float], seconds: float) -> None:
+    """``train.time_budget`` at the end of the warmup: ``loop.config.train.steps`` becomes
+    ``steps_for_time_budget`` (agreed by all processes), logged, written to ``config.yaml``
+    and shown by the progress bar."""
     p, c = loop.progress, loop.config.train
     steps = agree_on_steps(steps_for_time_budget(p.step, seconds, *first, c.time_budget))
     log.info(
@@ -814,7 +812,6 @@ def _steps_from_time_budget(loop: Loop, first: tuple[int, float], seconds: float
         save_config(loop.config, config_path(loop.config.workdir))
     loop.bar.total = steps
     loop.bar.refresh()
-    return loop.config
 
 
 class _SkipCounter:
