@@ -181,6 +181,36 @@ def test_smoke_run_emits_every_field(tmp_path):
         assert r["memory"][phase]["peak_rss_bytes"] > 0
 
 
+
+@pytest.mark.slow
+def test_bfloat16_operands_report_both_peaks(tmp_path):
+    """With bfloat16 matmul operands, MFU is against the bfloat16 peak and the same step is
+    also put against the float32 peak of the same run (what a float32 step is held to)."""
+    out = tmp_path / "bench.json"
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+    }
+    args = ["--smoke", "--only", "train", "--preset", "tiny", "--matmul-dtype", "bfloat16"]
+    proc = subprocess.run(
+        [sys.executable, "scripts/benchmark.py", *args, "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(out.read_text())
+    assert r["peak"]["dtype"] == "bfloat16" and r["float32_peak"]["dtype"] == "float32"
+    t = r["train"]["tiny"]
+    achieved = t["achieved_gflops_per_second"]
+    peak = r["peak"]["gflops_per_second"]["median"]
+    f32 = r["float32_peak"]["gflops_per_second"]["median"]
+    assert t["mfu"] == pytest.approx(achieved / peak)
+    assert t["of_float32_peak"] == pytest.approx(achieved / f32)
+    assert "of float32)" in proc.stdout
+
 def test_flop_formula_by_hand():
     from seq2seq.config import ModelConfig
     from seq2seq.model.flops import train_flops_breakdown, train_flops_per_step
