@@ -181,7 +181,6 @@ def test_smoke_run_emits_every_field(tmp_path):
         assert r["memory"][phase]["peak_rss_bytes"] > 0
 
 
-
 @pytest.mark.slow
 def test_bfloat16_operands_report_both_peaks(tmp_path):
     """With bfloat16 matmul operands, MFU is against the bfloat16 peak and the same step is
@@ -210,6 +209,7 @@ def test_bfloat16_operands_report_both_peaks(tmp_path):
     assert t["mfu"] == pytest.approx(achieved / peak)
     assert t["of_float32_peak"] == pytest.approx(achieved / f32)
     assert "of float32)" in proc.stdout
+
 
 def test_flop_formula_by_hand():
     from seq2seq.config import ModelConfig
