@@ -120,7 +120,13 @@ def test_time_budget_chooses_the_steps_at_the_end_of_the_warmup(tmp_path):
     chosen = [line for line in log.splitlines() if "train.time_budget=4s:" in line]
     assert len(chosen) == 1, log[-3000:]
     steps = int(chosen[0].rsplit("train.steps=", 1)[1].split()[0])
-    assert steps > 10 and "(was 10)" in chosen[0]  # a 20k-parameter step takes milliseconds
+    assert steps >= 8 and "(was 10)" in chosen[0]  # never fewer than the steps already done
+    # A 20k-parameter step takes milliseconds, so the budget adds steps; on a machine so busy
+    # that the 8 warmup steps spent half the budget, the count may stay where it is. Up to
+    # 2.5 s spent the formula adds more than 3: (4 - s) · 7 / s > 3 (rate: steps 2-8 over s).
+    spent = float(chosen[0].split(" s of 4 spent")[0].rsplit(" ", 1)[1])
+    if spent <= 2:
+        assert steps > 10, chosen[0]
     saved = yaml.safe_load((workdir / "config.yaml").read_text(encoding="utf-8"))
     assert saved["train"]["steps"] == steps and saved["train"]["warmup_steps"] == 8
     summary = json.loads((workdir / "test.json").read_text(encoding="utf-8"))
