@@ -102,8 +102,8 @@ def _has(d, keys, where):
     assert not missing, f"{where}: missing {missing}"
 
 
-@pytest.mark.slow
-def test_smoke_run_emits_every_field(tmp_path):
+def _smoke_run(tmp_path, *args):
+    """``scripts/benchmark.py --smoke *args``: its JSON and its stdout (it must exit 0)."""
     out = tmp_path / "bench.json"
     # Unoptimised XLA code compiles about twice as fast; a smoke run measures nothing.
     env = {
@@ -111,7 +111,7 @@ def test_smoke_run_emits_every_field(tmp_path):
         "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
     }
     proc = subprocess.run(
-        [sys.executable, "scripts/benchmark.py", "--smoke", "--out", str(out)],
+        [sys.executable, "scripts/benchmark.py", "--smoke", *args, "--out", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -119,7 +119,12 @@ def test_smoke_run_emits_every_field(tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    r = json.loads(out.read_text())
+    return json.loads(out.read_text()), proc.stdout
+
+
+@pytest.mark.slow
+def test_smoke_run_emits_every_field(tmp_path):
+    r, _ = _smoke_run(tmp_path)
 
     _has(
         r,
@@ -185,22 +190,9 @@ def test_smoke_run_emits_every_field(tmp_path):
 def test_bfloat16_operands_report_both_peaks(tmp_path):
     """With bfloat16 matmul operands, MFU is against the bfloat16 peak and the same step is
     also put against the float32 peak of the same run (what a float32 step is held to)."""
-    out = tmp_path / "bench.json"
-    env = {
-        **os.environ,
-        "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
-    }
-    args = ["--smoke", "--only", "train", "--preset", "tiny", "--matmul-dtype", "bfloat16"]
-    proc = subprocess.run(
-        [sys.executable, "scripts/benchmark.py", *args, "--out", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    r, stdout = _smoke_run(
+        tmp_path, "--only", "train", "--preset", "tiny", "--matmul-dtype", "bfloat16"
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    r = json.loads(out.read_text())
     assert r["peak"]["dtype"] == "bfloat16" and r["float32_peak"]["dtype"] == "float32"
     t = r["train"]["tiny"]
     achieved = t["achieved_gflops_per_second"]
@@ -208,7 +200,7 @@ def test_bfloat16_operands_report_both_peaks(tmp_path):
     f32 = r["float32_peak"]["gflops_per_second"]["median"]
     assert t["mfu"] == pytest.approx(achieved / peak)
     assert t["of_float32_peak"] == pytest.approx(achieved / f32)
-    assert "of float32)" in proc.stdout
+    assert "of float32)" in stdout
 
 
 def test_flop_formula_by_hand():
