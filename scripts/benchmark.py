@@ -656,7 +656,6 @@ class Bench:
         tokens = rows * (src_len + tgt_len)
         real_tgt = statistics.mean(real_target_tokens)
         achieved = flops["total"] / med
-        peak = self.peak()
         res = {
             "model": dataclasses.asdict(model_cfg),
             "parameters": n_params,
@@ -680,15 +679,14 @@ class Bench:
             "xla_flops_per_step": xla_flops,
             "xla_over_model_flops": (xla_flops / flops["total"]) if xla_flops else None,
             "achieved_gflops_per_second": achieved / 1e9,
-            "peak_gflops_per_second": peak / 1e9,
-            "mfu": achieved / peak,
             "final_loss": loss,
         }
-        f32_peak = self.float32_peak()
-        if f32_peak:
-            res["float32_peak_gflops_per_second"] = f32_peak / 1e9
-            res["of_float32_peak"] = achieved / f32_peak
-        also = f" ({res['of_float32_peak']:.1%} of the float32 peak)" if f32_peak else ""
+        self.against_peaks(res)
+        also = (
+            f" ({res['of_float32_peak']:.1%} of the float32 peak)"
+            if "of_float32_peak" in res
+            else ""
+        )
         say(
             f"  {model_cfg.d_model}d {model_cfg.num_encoder_layers}+{model_cfg.num_decoder_layers} "
             f"layers, {n_params / 1e6:.2f}M params, batch {rows}x{src_len}+{rows}x{tgt_len}: "
@@ -707,15 +705,21 @@ class Bench:
         )
         return res
 
+    def against_peaks(self, res: dict[str, Any]) -> None:
+        """``res``'s MFU against the run's peak (median of its samples so far), and beside a
+        bfloat16 peak its share of the float32 one, from its achieved FLOP/s."""
+        achieved = res["achieved_gflops_per_second"] * 1e9
+        peak, f32_peak = self.peak(), self.float32_peak()
+        res["peak_gflops_per_second"] = peak / 1e9
+        res["mfu"] = achieved / peak
+        if f32_peak:
+            res["float32_peak_gflops_per_second"] = f32_peak / 1e9
+            res["of_float32_peak"] = achieved / f32_peak
+
     def rescale_mfu(self) -> None:
         """MFU against the median of all peak samples of the run (start and end)."""
-        peak, f32_peak = self.peak(), self.float32_peak()
         for res in self.result.get("train", {}).values():
-            res["peak_gflops_per_second"] = peak / 1e9
-            res["mfu"] = res["achieved_gflops_per_second"] * 1e9 / peak
-            if f32_peak:
-                res["float32_peak_gflops_per_second"] = f32_peak / 1e9
-                res["of_float32_peak"] = res["achieved_gflops_per_second"] * 1e9 / f32_peak
+            self.against_peaks(res)
             goal = res.get("goal_mfu")
             if goal is not None and not self.args.smoke:
                 res["goal_met"] = bool(res["mfu"] >= goal)
