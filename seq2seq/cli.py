@@ -632,6 +632,8 @@ def params_main(argv: Sequence[str] | None = None) -> int:
     model_config = config.model
     if model_config.vocab_size == 0:
         model_config = replace(model_config, vocab_size=config.tokenizer.vocab_size)
+    if model_config.dropout_rate is None:  # left to the recipe; it holds no parameters
+        model_config = replace(model_config, dropout_rate=0.0)
     try:
         counts = parameter_counts(abstract_model(model_config))
     except ValueError as e:

@@ -206,7 +206,8 @@ class ModelConfig:
         hidden width.
       num_encoder_layers / num_decoder_layers: stack depths.
       dropout_rate: residual dropout P_drop (§5.4): on each sublayer output before the residual
-        add, and on the embeddings + positions.
+        add, and on the embeddings + positions. null: chosen by ``seq2seq-train`` from the
+        passes over the training corpus (``seq2seq/data/recipe.py``).
       attention_dropout_rate: dropout on the attention weights (after softmax).
       activation_dropout_rate: dropout on the FFN hidden activation.
       activation: FFN nonlinearity: ``relu`` (paper), ``gelu`` (Hendrycks & Gimpel 2016), or
@@ -249,7 +250,7 @@ class ModelConfig:
     num_encoder_layers: int = 3
     num_decoder_layers: int = 3
     d_ff: int = 1024
-    dropout_rate: float = 0.1
+    dropout_rate: float | None = 0.1
     attention_dropout_rate: float = 0.0
     activation_dropout_rate: float = 0.0
     activation: str = "relu"
@@ -276,6 +277,20 @@ class ModelConfig:
                 raise ConfigError(
                     f"model.{key} must be one of {', '.join(choices)}; got {getattr(self, key)!r}"
                 )
+
+    @property
+    def residual_dropout(self) -> float:
+        """``dropout_rate`` once chosen.
+
+        Raises:
+          ConfigError: it is still null (left to the recipe, which ``seq2seq-train`` runs).
+        """
+        if self.dropout_rate is None:
+            raise ConfigError(
+                "model.dropout_rate is null (left to the recipe): resolve the config first "
+                "(seq2seq.data.recipe.resolve, as seq2seq-train does) or give a rate"
+            )
+        return self.dropout_rate
 
 
 @dataclass(frozen=True)

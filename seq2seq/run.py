@@ -175,8 +175,9 @@ def check_run_config(config: Config) -> None:
 
 def resolve_recipe(config: Config) -> tuple[Config, str]:
     """``config`` with ``data.max_tokens``, ``train.steps`` and ``train.warmup_steps`` that are
-    0 filled in: on resume with the run's saved values, else by the recipe's rule from the
-    training corpus (``seq2seq/data/recipe.py``); and the line to log (empty: nothing chosen).
+    0 and a null ``model.dropout_rate`` filled in: on resume with the run's saved values, else
+    by the recipe's rule from the training corpus (``seq2seq/data/recipe.py``); and the line
+    to log (empty: nothing chosen).
 
     A ``train.steps`` given by the user (not 0) turns ``train.time_budget`` off: the budget
     only chooses the steps that are left to it.
@@ -196,12 +197,13 @@ def resolve_recipe(config: Config) -> tuple[Config, str]:
     workdir = Path(config.workdir)
     if checkpoint_steps(workdir) and config_path(workdir).is_file():
         saved = load_config(config_path(workdir))
-        keep = {
-            "data.max_tokens": (config.data.max_tokens, saved.data.max_tokens),
-            "train.steps": (config.train.steps, saved.train.steps),
-            "train.warmup_steps": (config.train.warmup_steps, saved.train.warmup_steps),
+        keep = {  # the recipe's keys that this command leaves to it: the run's values
+            "data.max_tokens": (not config.data.max_tokens, saved.data.max_tokens),
+            "train.steps": (not config.train.steps, saved.train.steps),
+            "train.warmup_steps": (not config.train.warmup_steps, saved.train.warmup_steps),
+            "model.dropout_rate": (config.model.dropout_rate is None, saved.model.dropout_rate),
         }
-        config = replace(config, **{k: old for k, (new, old) in keep.items() if not new})
+        config = replace(config, **{k: old for k, (left, old) in keep.items() if left})
     config, note = recipe.resolve(config)
     return config, "; ".join(n for n in (note, given) if n)
 

@@ -157,7 +157,7 @@ def test_config_trains_on_multidevice_meshes(path, tmp_path):
     config = load_config(str(path), [])
     # the batch the recipe picks for the fixture's pairs (every train entry points at them)
     pairs = TRAIN_PAIRS * len(config.data.corpora("train"))
-    own = recipe.resolve(config, pairs=pairs)[0].data
+    own = recipe.resolve(config, recipe.CorpusSize(pairs, words=0))[0].data  # words: dropout only
     batch = f"of {own.max_tokens // own.max_len} rows x {own.max_len} tokens per step"
     data = _data_overrides(path, tmp_path / "data")
     runs = []

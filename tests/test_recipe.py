@@ -1,5 +1,5 @@
-"""The recipe (seq2seq/data/recipe.py): batch size, steps and warmup from the corpus size, by
-formula and through the real ``seq2seq-train`` (its log, config.yaml and a resume)."""
+"""The recipe (seq2seq/data/recipe.py): batch size, steps, warmup and dropout from the corpus
+size, by formula and through the real ``seq2seq-train`` (its log, config.yaml and a resume)."""
 
 import json
 import math
@@ -50,13 +50,34 @@ def test_resolve_fills_only_the_keys_left_at_zero(tmp_path):
     assert config.data.max_tokens == 1024  # 300 pairs: clipped to 1024 (32 rows of 32)
     assert config.train.steps == 20 and config.train.warmup_steps == 4  # 20480 / 1024; a fifth
     assert note == (
-        "recipe for 300 training pairs: data.max_tokens=1024, train.steps=20, train.warmup_steps=4"
+        "recipe for 300 training pairs (1,824 target words): data.max_tokens=1024, "
+        "train.steps=20, train.warmup_steps=4"
     )
     accum = replace(auto, **{"train.grad_accum_steps": 2})
-    assert recipe.resolve(accum, pairs=300)[0].train.steps == 10  # 2 micro-batches per step
+    size = recipe.CorpusSize(pairs=300, words=1_824)
+    assert recipe.resolve(accum, size)[0].train.steps == 10  # 2 micro-batches per step
     kept, _ = recipe.resolve(replace(auto, **{"train.steps": 7}))
     assert kept.train.steps == 7 and kept.train.warmup_steps == 1 and kept.data.max_tokens == 1024
     assert recipe.resolve(base) == (base, "")  # nothing left to it: the corpus is not read
+    # dropout left to it (null): 20 steps of 1024 tokens over 1,824 words are 11.2 passes
+    config, note = recipe.resolve(replace(auto, **{"model.dropout_rate": None}), size)
+    assert config.model.dropout_rate == 0.22 and note.endswith("model.dropout_rate=0.22")
+    given = replace(base, **{"model.dropout_rate": 0.0})  # 0 is a rate like any other
+    assert recipe.resolve(given) == (given, "")
+
+
+def test_dropout_rate_follows_the_rule():
+    # the proxies of docs/benchmarks.md at the token budget (960 steps of 2048 tokens)
+    budget = 960 * 2048
+    assert recipe.dropout_rate(budget, 817_864) == 0.1  # shipped and long: 2.4 passes
+    assert recipe.dropout_rate(budget, 119_474) == 0.3  # small: 16.5 passes
+    previous = 0.0
+    for passes in [0.1, 1, 5, 6, 7.5, 10, 12.5, 15, 16, 100]:
+        got = recipe.dropout_rate(round(passes * 100_000), 100_000)
+        assert got == round(min(max(0.02 * passes, 0.1), 0.3), 2), passes
+        assert got >= previous  # more passes never get less dropout
+        previous = got
+    assert recipe.dropout_rate(budget, 0) == 0.3  # an empty corpus is no division by zero
 
 
 def test_train_command_uses_the_recipe_and_a_resume_keeps_it(tmp_path):
@@ -68,27 +89,30 @@ def test_train_command_uses_the_recipe_and_a_resume_keeps_it(tmp_path):
         "data.max_tokens=0",
         "train.steps=0",
         "train.warmup_steps=0",
-        "train.token_budget=5120",
+        "model.dropout_rate=null",
+        "train.token_budget=10240",
     )
     proc = run(train_command(args), cli_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = (workdir / "train.log").read_text(encoding="utf-8")
+    # 10 steps of 1024 tokens over 1,824 target words: 5.6 passes, dropout 0.02 · 5.6
     assert (
-        "recipe for 300 training pairs: data.max_tokens=1024, train.steps=5, "
-        "train.warmup_steps=1" in log
+        "recipe for 300 training pairs (1,824 target words): data.max_tokens=1024, "
+        "train.steps=10, train.warmup_steps=2, model.dropout_rate=0.11" in log
     )
     saved = yaml.safe_load((workdir / "config.yaml").read_text(encoding="utf-8"))
-    assert saved["data"]["max_tokens"] == 1024
-    assert (saved["train"]["steps"], saved["train"]["warmup_steps"]) == (5, 1)
-    # Going on with more steps: the recipe would now pick warmup 2, but the run keeps its own
-    # (a changed warmup would be refused as a change of schedule).
-    proc = run(train_command([*args, "train.steps=10"]), cli_env())
+    assert saved["data"]["max_tokens"] == 1024 and saved["model"]["dropout_rate"] == 0.11
+    assert (saved["train"]["steps"], saved["train"]["warmup_steps"]) == (10, 2)
+    # Going on with more steps: the recipe would now pick warmup 4 and dropout 0.22, but the
+    # run keeps its own (a changed warmup would be refused as a change of schedule).
+    proc = run(train_command([*args, "train.steps=20"]), cli_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     saved = yaml.safe_load((workdir / "config.yaml").read_text(encoding="utf-8"))
-    assert (saved["train"]["steps"], saved["train"]["warmup_steps"]) == (10, 1)
-    assert "resuming step 5 with train.steps changed: 5 → 10" in (workdir / "train.log").read_text(
-        encoding="utf-8"
-    )
+    assert (saved["train"]["steps"], saved["train"]["warmup_steps"]) == (20, 2)
+    assert saved["model"]["dropout_rate"] == 0.11
+    assert "resuming step 10 with train.steps changed: 10 → 20" in (
+        workdir / "train.log"
+    ).read_text(encoding="utf-8")
 
 
 def test_steps_for_time_budget_follow_the_measured_rate():

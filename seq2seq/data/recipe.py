@@ -7,14 +7,20 @@ frequent updates. The rule, for every key left at 0 in the config:
   rounded (in log scale) to a power-of-two number of rows of ``data.max_len`` tokens (so
   2,048 from about 12.5k pairs up, 1,024 below);
 * ``train.steps`` = ``train.token_budget / (data.max_tokens · train.grad_accum_steps)``;
-* ``train.warmup_steps`` = a fifth of ``train.steps``.
+* ``train.warmup_steps`` = a fifth of ``train.steps``;
+* ``model.dropout_rate`` (when null) = ``0.02 · passes``, clipped to [0.1, 0.3], where
+  ``passes`` = the tokens of ``train.steps`` (``steps · data.max_tokens · grad_accum_steps``,
+  the token budget when the steps are left to it) over the corpus's target-side words: 2.4
+  for the shipped 137k pairs, so 0.1; 16.5 for 20k pairs, so 0.3. A corpus seen many times
+  is memorised, and residual dropout is what holds that back.
 
 With ``train.time_budget`` (seconds) the steps above are provisional: at the end of the warmup
 the training loop replaces them by ``steps_for_time_budget``, the count that fills the budget at
 the speed measured so far.
 
-``pairs`` counts every training pair read (after empty pairs are skipped, before the length
-filters), summed over the corpora of a ``data.train`` list. The peak learning rate stays
+``pairs`` and the target-side words (split at whitespace) count every training pair read (after
+empty pairs are skipped, before the length filters), summed over the corpora of a
+``data.train`` list. The peak learning rate stays
 ``train.learning_rate``. The evidence is the quality table of ``scripts/compare.py --quality``
 in ``docs/benchmarks.md``.
 """
@@ -22,6 +28,7 @@ in ``docs/benchmarks.md``.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from seq2seq.config import Config, replace
 from seq2seq.data.sources import load_parallel
@@ -31,6 +38,15 @@ REFERENCE_TOKENS = 4096  # the batch of REFERENCE_PAIRS before the clip
 MAX_BATCH_TOKENS = 2048
 MIN_BATCH_TOKENS = 1024
 WARMUP_FRACTION = 0.2
+DROPOUT_PER_PASS = 0.02
+MIN_DROPOUT, MAX_DROPOUT = 0.1, 0.3
+
+
+class CorpusSize(NamedTuple):
+    """The training corpus as the recipe sees it: ``pairs`` and target-side ``words``."""
+
+    pairs: int
+    words: int
 
 
 def batch_tokens(pairs: int, max_len: int) -> int:
@@ -44,49 +60,72 @@ def batch_tokens(pairs: int, max_len: int) -> int:
     return rows * max_len
 
 
+def dropout_rate(tokens: int, words: int) -> float:
+    """Residual dropout for ``tokens`` of training (per side) over a corpus of ``words``
+    target-side words: ``0.02 · tokens / words`` clipped to [0.1, 0.3], rounded to 0.01."""
+    passes = tokens / max(words, 1)
+    return round(min(max(DROPOUT_PER_PASS * passes, MIN_DROPOUT), MAX_DROPOUT), 2)
+
+
 def left_to_recipe(config: Config) -> bool:
-    """Whether any of the recipe's keys is left to it (0); the corpus is read only for
-    ``data.max_tokens``."""
-    return not (config.data.max_tokens and config.train.steps and config.train.warmup_steps)
+    """Whether any of the recipe's keys is left to it (0, or null for ``model.dropout_rate``);
+    the corpus is read only for ``data.max_tokens`` and ``model.dropout_rate``."""
+    return (
+        not (config.data.max_tokens and config.train.steps and config.train.warmup_steps)
+        or config.model.dropout_rate is None
+    )
 
 
-def count_pairs(config: Config) -> int:
-    """Training pairs over every corpus of ``data.train`` (empty pairs skipped if configured).
+def count_corpus(config: Config) -> CorpusSize:
+    """Training pairs and their target-side words over every corpus of ``data.train`` (empty
+    pairs skipped if configured).
 
     Raises:
       DataError / FileNotFoundError: a corpus cannot be read (the message names it).
     """
     d = config.data
-    total = 0
+    pairs = words = 0
     for source in d.corpora("train"):
         src_lang, tgt_lang = d.direction(source)
-        total += len(
-            load_parallel(source, src_lang, tgt_lang, skip_empty=d.skip_empty, split_name="train")
+        corpus = load_parallel(
+            source, src_lang, tgt_lang, skip_empty=d.skip_empty, split_name="train"
         )
-    return total
+        pairs += len(corpus)
+        words += sum(len(line.split()) for line in corpus["target"])
+    return CorpusSize(pairs, words)
 
 
-def resolve(config: Config, pairs: int | None = None) -> tuple[Config, str]:
-    """``config`` with the recipe's keys that are 0 filled in (the rule above; others kept),
-    and a line saying what was chosen (empty if nothing was).
+def resolve(config: Config, corpus: CorpusSize | None = None) -> tuple[Config, str]:
+    """``config`` with the recipe's keys that are 0 (``model.dropout_rate``: null) filled in
+    (the rule above; others kept), and a line saying what was chosen (empty if nothing was).
 
-    ``pairs``: the training-pair count (None: ``count_pairs``, read only when needed).
+    ``corpus``: the training corpus's size (None: ``count_corpus``, read only when needed).
     """
     if not left_to_recipe(config):
         return config, ""
     d, t = config.data, config.train
-    changes: dict[str, int] = {}
+    changes: dict[str, float] = {}
+    if not d.max_tokens or config.model.dropout_rate is None:
+        corpus = count_corpus(config) if corpus is None else corpus
     max_tokens = d.max_tokens
     if not max_tokens:
-        pairs = count_pairs(config) if pairs is None else pairs
-        max_tokens = changes["data.max_tokens"] = batch_tokens(pairs, d.max_len)
+        assert corpus is not None
+        max_tokens = changes["data.max_tokens"] = batch_tokens(corpus.pairs, d.max_len)
     steps = t.steps
     if not steps:
         per_step = max_tokens * max(t.grad_accum_steps, 1)
         steps = changes["train.steps"] = max(1, round(t.token_budget / per_step))
     if not t.warmup_steps:
         changes["train.warmup_steps"] = max(1, round(WARMUP_FRACTION * steps))
-    told = f" for {pairs:,} training pairs" if pairs is not None else ""
+    if config.model.dropout_rate is None:
+        assert corpus is not None
+        tokens = steps * max_tokens * max(t.grad_accum_steps, 1)
+        changes["model.dropout_rate"] = dropout_rate(tokens, corpus.words)
+    told = (
+        f" for {corpus.pairs:,} training pairs ({corpus.words:,} target words)"
+        if corpus is not None
+        else ""
+    )
     chosen = ", ".join(f"{k}={v}" for k, v in changes.items())
     return replace(config, **changes), f"recipe{told}: {chosen}"
 

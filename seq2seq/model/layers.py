@@ -181,8 +181,8 @@ class EncoderLayer(nnx.Module):
     def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
         self.self_attention = _attention(config, dtype, rngs)
         self.ffn = _ffn(config, dtype, rngs)
-        self.attention_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
-        self.ffn_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
+        self.attention_block = _Residual(config.d_model, config.norm, config.residual_dropout, rngs)
+        self.ffn_block = _Residual(config.d_model, config.norm, config.residual_dropout, rngs)
 
     def __call__(
         self,
@@ -232,9 +232,9 @@ class DecoderLayer(nnx.Module):
         self.self_attention = _attention(config, dtype, rngs)
         self.cross_attention = _attention(config, dtype, rngs)
         self.ffn = _ffn(config, dtype, rngs)
-        self.self_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
-        self.cross_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
-        self.ffn_block = _Residual(config.d_model, config.norm, config.dropout_rate, rngs)
+        self.self_block = _Residual(config.d_model, config.norm, config.residual_dropout, rngs)
+        self.cross_block = _Residual(config.d_model, config.norm, config.residual_dropout, rngs)
+        self.ffn_block = _Residual(config.d_model, config.norm, config.residual_dropout, rngs)
 
     def __call__(
         self,

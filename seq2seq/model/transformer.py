@@ -153,7 +153,7 @@ class Transformer(nnx.Module):
         if config.norm == "pre":
             self.encoder_norm = layer_norm(d, rngs)
             self.decoder_norm = layer_norm(d, rngs)
-        self.dropout = nnx.Dropout(config.dropout_rate)
+        self.dropout = nnx.Dropout(config.residual_dropout)
 
     # -- embeddings -------------------------------------------------------------------------
     def _target_embedding(self) -> nnx.Embed:
