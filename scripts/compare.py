@@ -14,6 +14,13 @@ times in turn, round after round:
   and CTranslate2 ``translate_batch`` (min = max decoding length) with float32 and int8
   compute, in sentences/s.
 
+Precision is matched (``--precisions``, both by default, alternating in the same rounds):
+``float32`` runs ours in float32 against PyTorch in float32; ``bfloat16`` runs ours with
+bfloat16 matmul operands (``model.matmul_dtype``) against PyTorch under
+``torch.autocast("cpu", dtype=torch.bfloat16)`` (bfloat16 matmuls, float32 reductions and
+weights: the same policy). CTranslate2 has no bfloat16 compute type on a CPU; its float32 and
+int8 figures appear in both rows.
+
 A round's figure is the median over its steps or calls (after untimed ones; compile time is
 not counted). The table gives the median and min–max of those figures over ``--rounds``
 rounds, and of the ratios ours / peer taken round by round. The order of the systems flips
@@ -64,11 +71,13 @@ TASKS = {
     "beam4": ("beam 4", "sentences/s", tuple(SYSTEMS)),
     "greedy": ("greedy", "sentences/s", tuple(SYSTEMS)),
 }
-# Goals of issue 19 for ours / peer (float32; with bfloat16 matmuls, beam 4 against CT2 int8).
+# Goals (issue 35) for ours / the precision-matched peer: 1.3x in training and beam 4. With
+# bfloat16 operands the matched decoding peer is PyTorch's autocast (CT2 has no CPU bfloat16).
 GOALS = {
-    "float32": {("train", "pytorch"): 1.3, ("beam4", "ct2_float32"): 1.25},
-    "bfloat16": {("train", "pytorch"): 1.3, ("beam4", "ct2_int8"): 1.0},
+    "float32": {("train", "pytorch"): 1.3, ("beam4", "ct2_float32"): 1.3},
+    "bfloat16": {("train", "pytorch"): 1.3, ("beam4", "pytorch"): 1.3},
 }
+PRECISIONS = ("float32", "bfloat16")
 # --smoke: a tiny preset, registered in the benchmark's table so that Bench builds it too.
 SMOKE_PRESET = dict(
     model=dict(
@@ -188,8 +197,16 @@ class Marian:
 
         return torch.from_numpy(ours).long().masked_fill(torch.from_numpy(ours == EOS_ID), 0)
 
-    def train_seconds(self, batches: list[dict], warmup: int) -> list[float]:
-        """Seconds of each training step on ``batches`` after the first ``warmup``."""
+    @staticmethod
+    def autocast(precision: str):
+        """PyTorch's mixed precision for ``precision`` (a no-op context for float32)."""
+        import torch
+
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16")
+
+    def train_seconds(self, batches: list[dict], warmup: int, precision: str) -> list[float]:
+        """Seconds of each training step on ``batches`` after the first ``warmup``; the forward
+        pass and the loss under ``autocast(precision)``, as PyTorch's AMP recipe does."""
         import torch
         import torch.nn.functional as F
 
@@ -199,14 +216,17 @@ class Marian:
             src, tgt = self.ids(batch["src"]), self.ids(batch["tgt"])
             start = torch.full_like(tgt[:, :1], self.pad)
             t = time.perf_counter()
-            logits = self.model(
-                input_ids=src,
-                attention_mask=torch.ones_like(src),
-                decoder_input_ids=torch.cat([start, tgt[:, :-1]], 1),
-            ).logits
-            loss = F.cross_entropy(
-                logits.flatten(0, 1), tgt.flatten(), label_smoothing=self.train_cfg.label_smoothing
-            )
+            with self.autocast(precision):
+                logits = self.model(
+                    input_ids=src,
+                    attention_mask=torch.ones_like(src),
+                    decoder_input_ids=torch.cat([start, tgt[:, :-1]], 1),
+                ).logits
+                loss = F.cross_entropy(
+                    logits.flatten(0, 1).float(),
+                    tgt.flatten(),
+                    label_smoothing=self.train_cfg.label_smoothing,
+                )
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm)
@@ -215,9 +235,12 @@ class Marian:
                 times.append(time.perf_counter() - t)
         return times
 
-    def decode_seconds(self, system: str, src, beam: int, repeats: int) -> list[float]:
+    def decode_seconds(
+        self, system: str, src, beam: int, repeats: int, precision: str
+    ) -> list[float]:
         """Seconds of each of ``repeats`` calls (after an untimed one) decoding ``src``
-        (int32 ``[n, length]``, ours) into exactly ``length`` tokens per sentence."""
+        (int32 ``[n, length]``, ours) into exactly ``length`` tokens per sentence; PyTorch under
+        ``autocast(precision)``."""
         import torch
 
         length = src.shape[1]
@@ -226,7 +249,7 @@ class Marian:
             ids = self.ids(src)
 
             def call():
-                with torch.inference_mode():
+                with torch.inference_mode(), self.autocast(precision):
                     out = self.model.generate(
                         input_ids=ids,
                         attention_mask=torch.ones_like(ids),
@@ -258,8 +281,11 @@ class Marian:
 # -- the comparison -------------------------------------------------------------------------------
 
 
-def measure(bench, peer: Marian, name: str, task: str, system: str) -> dict[str, Any]:
-    """One round's figure of ``system`` on ``task`` for preset ``name``."""
+def measure(
+    bench, peer: Marian, name: str, task: str, system: str, precision: str
+) -> dict[str, Any]:
+    """One round's figure of ``system`` on ``task`` for preset ``name``; ``bench`` is ours at
+    ``precision`` and PyTorch runs at the same one."""
     import benchmark
 
     a = bench.args
@@ -282,19 +308,22 @@ def measure(bench, peer: Marian, name: str, task: str, system: str) -> dict[str,
     if task == "train":
         rows, length = spec["batch"], spec["length"]
         batches = benchmark.fixed_batches(a.warmup + a.steps, rows, length, peer.vocab)
-        times = peer.train_seconds(batches, a.warmup)
+        times = peer.train_seconds(batches, a.warmup, precision)
         return {"value": rows * length / statistics.median(times), "seconds": spread(times)}
     n = spec["decode_sentences"]
     src = benchmark.fixed_sources(n, spec["decode_length"], peer.vocab)
-    times = peer.decode_seconds(system, src, 4 if task == "beam4" else 1, a.decode_repeats)
+    times = peer.decode_seconds(
+        system, src, 4 if task == "beam4" else 1, a.decode_repeats, precision
+    )
     return {"value": n / statistics.median(times), "seconds": spread(times)}
 
 
-def summarize(rounds: list[dict], goals: dict[tuple[str, str], float]) -> dict[str, Any]:
-    """Per preset and task: each system's spread over rounds, the ratios ours / peer, and
-    whether the median ratio meets ``goals[(task, peer)]``."""
+def summarize(rounds: list[dict], goals: dict[str, dict[tuple[str, str], float]]) -> dict[str, Any]:
+    """Per variant (``"preset precision"``) and task: each system's spread over rounds, the
+    ratios ours / peer, and whether the median ratio meets ``goals[precision][(task, peer)]``."""
     out: dict[str, Any] = {}
     for name in rounds[0]:
+        variant_goals = goals.get(name.split()[-1], {})
         out[name] = {}
         for task, (_, _, systems) in TASKS.items():
             per = {s: [r[name][task][s]["value"] for r in rounds] for s in systems}
@@ -305,7 +334,7 @@ def summarize(rounds: list[dict], goals: dict[tuple[str, str], float]) -> dict[s
             }
             met = {
                 s: {"goal": g, "met": ratios[s]["median"] >= g}
-                for (t, s), g in goals.items()
+                for (t, s), g in variant_goals.items()
                 if t == task
             }
             out[name][task] = {
@@ -325,16 +354,20 @@ def markdown(result: dict[str, Any]) -> str:
     m = result["meta"]
     mach = m["machine"]
     v = m["versions"]
-    peak = m["peak_gflops_per_second"]
+    peaks = "; ".join(
+        f"{d} matmul peak {p['median']:.0f} GFLOP/s ({p['min']:.0f}–{p['max']:.0f}, `jnp.dot`)"
+        for d, p in m["peak_gflops_per_second"].items()
+    )
     rng = lambda s, f=num: f"{f(s['median'])} ({f(s['min'])}–{f(s['max'])})"
     ratio = lambda x: f"{x:.2f}×"
     lines = [
         f"Measured by `scripts/compare.py` on {m['date']}: {mach['cpu']}, "
         f"{mach['cpus_usable']} cores ({m['threads']} threads each side), load average "
         f"{mach['load_average_start'][0]:.1f} at the start and {m['load_average_end'][0]:.1f} "
-        f"at the end; {m['peak_dtype']} matmul peak "
-        f"{peak['median']:.0f} GFLOP/s ({peak['min']:.0f}–{peak['max']:.0f}, `jnp.dot`); "
-        f"our dtype {m['dtype']}, matmul operands {m['matmul_dtype']}; "
+        f"at the end; {peaks}; precision matched: ours float32 against PyTorch float32, ours "
+        f"with bfloat16 matmul operands against PyTorch's bfloat16 autocast (precisions run: "
+        f"{', '.join(m['precisions'])}; CTranslate2 has no CPU bfloat16, its float32 and int8 "
+        f"in both rows); "
         f"jax {v['jax']}, flax {v['flax']}, torch "
         f"{v['torch']}, transformers {v['transformers']}, ctranslate2 {v['ctranslate2']}; "
         f"{m['rounds']} rounds of {m['steps']} training steps and {m['decode_repeats']} "
@@ -391,16 +424,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (2)")
     p.add_argument("--decode-repeats", type=int, default=5, help="timed decoding calls (5)")
     p.add_argument(
-        "--dtype",
-        default="float32",
-        choices=("float32", "bfloat16"),
-        help="our compute dtype (the peers: float32, and CTranslate2 int8)",
-    )
-    p.add_argument(
-        "--matmul-dtype",
-        default="float32",
-        choices=("float32", "bfloat16"),
-        help="our model.matmul_dtype (bfloat16: bf16 operands of a float32 model)",
+        "--precisions",
+        default="float32,bfloat16",
+        help="comma-separated, alternating in the same rounds: float32 (ours and PyTorch in "
+        "float32) and bfloat16 (our bfloat16 matmul operands against PyTorch's bfloat16 autocast)",
     )
     p.add_argument(
         "--pause",
@@ -436,6 +463,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for s in a.presets:
         if s not in ("tiny", "base", "smoke"):
             p.error(f"unknown preset {s!r}; choose from tiny, base")
+    a.precisions = [s for s in a.precisions.split(",") if s]
+    for s in a.precisions:
+        if s not in PRECISIONS:
+            p.error(f"unknown precision {s!r}; choose from {', '.join(PRECISIONS)}")
     if a.rounds < 1 or a.steps < 1 or a.decode_repeats < 1:
         p.error("--rounds, --steps and --decode-repeats must be >= 1")
     return a
@@ -478,24 +509,22 @@ def main(argv: list[str] | None = None) -> int:
         str(args.warmup),
         "--decode-repeats",
         str(args.decode_repeats),
-        "--dtype",
-        args.dtype,
-        "--matmul-dtype",
-        args.matmul_dtype,
     ]
     if args.smoke:
         bench_args += ["--peak-size", "256", "--peak-repeats", "2"]
-    bench = benchmark.Bench(benchmark.parse_args(bench_args))
+    # ours at each precision: float32, or bfloat16 operands of a float32 model
+    benches = {
+        p: benchmark.Bench(benchmark.parse_args([*bench_args, "--matmul-dtype", p]))
+        for p in args.precisions
+    }
     start = time.perf_counter()
     meta = {
         "argv": sys.argv[1:] if argv is None else argv,
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "machine": benchmark.machine_info(args.dtype),
+        "machine": benchmark.machine_info("float32"),
         "versions": versions(),
         "threads": threads,
-        "dtype": args.dtype,
-        "matmul_dtype": args.matmul_dtype,
-        "peak_dtype": benchmark.peak_dtype(args),
+        "precisions": args.precisions,
         "rounds": args.rounds,
         "steps": args.steps,
         "warmup": args.warmup,
@@ -505,27 +534,35 @@ def main(argv: list[str] | None = None) -> int:
     rounds: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="compare-") as tmp:
         peers = {}
+        first = benches[args.precisions[0]]
         for name in args.presets:
-            peers[name] = Marian(bench.fixed(name), Path(tmp) / name, threads)
+            peers[name] = Marian(first.fixed(name), Path(tmp) / name, threads)
             meta["presets"][name] = benchmark.FIXED[name]
         for r in range(args.rounds):
             rounds.append({})
+            order = args.precisions if r % 2 == 0 else args.precisions[::-1]
             for name in args.presets:
-                rounds[-1][name] = {}
-                for task, (label, unit, systems) in TASKS.items():
-                    figures = rounds[-1][name][task] = {}
-                    for system in systems if r % 2 == 0 else systems[::-1]:
-                        time.sleep(args.pause)
-                        figures[system] = measure(bench, peers[name], name, task, system)
-                        print(
-                            f"round {r + 1}/{args.rounds} {name} {label} {SYSTEMS[system]}: "
-                            f"{figures[system]['value']:,.1f} {unit}",
-                            flush=True,
-                        )
+                for precision in order:
+                    variant = f"{name} {precision}"
+                    rounds[-1][variant] = {}
+                    for task, (label, unit, systems) in TASKS.items():
+                        figures = rounds[-1][variant][task] = {}
+                        for system in systems if r % 2 == 0 else systems[::-1]:
+                            time.sleep(args.pause)
+                            figures[system] = measure(
+                                benches[precision], peers[name], name, task, system, precision
+                            )
+                            print(
+                                f"round {r + 1}/{args.rounds} {variant} {label} "
+                                f"{SYSTEMS[system]}: {figures[system]['value']:,.1f} {unit}",
+                                flush=True,
+                            )
     meta["seconds"] = time.perf_counter() - start
     meta["load_average_end"] = list(os.getloadavg())
-    meta["peak_gflops_per_second"] = bench.result["peak"]["gflops_per_second"]
-    summary = summarize(rounds, {} if args.smoke else GOALS[meta["peak_dtype"]])
+    meta["peak_gflops_per_second"] = {
+        p: b.result["peak"]["gflops_per_second"] for p, b in benches.items()
+    }
+    summary = summarize(rounds, {} if args.smoke else GOALS)
     result = {"meta": meta, "summary": summary, "rounds": rounds}
     table = markdown(result)
     print("\n" + table)

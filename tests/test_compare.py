@@ -48,8 +48,6 @@ def test_smoke_times_every_pair(tmp_path):
             sys.executable,
             "scripts/compare.py",
             "--smoke",
-            "--matmul-dtype",
-            "bfloat16",
             "--json",
             str(out),
             "--docs",
@@ -66,11 +64,16 @@ def test_smoke_times_every_pair(tmp_path):
 
     m = r["meta"]
     assert m["machine"]["cpu"] and m["threads"] >= 1 and m["date"]
-    # bf16 operands of a float32 model: MFU against the bf16 peak
-    assert (m["dtype"], m["matmul_dtype"], m["peak_dtype"]) == ("float32", "bfloat16", "bfloat16")
+    # both precisions in the same rounds, each with the peak of its own matmul dtype
+    assert m["precisions"] == ["float32", "bfloat16"]
+    assert set(m["peak_gflops_per_second"]) == {"float32", "bfloat16"}
     assert all(m["versions"][k] for k in ("jax", "flax", "torch", "transformers", "ctranslate2"))
     assert len(r["rounds"]) == m["rounds"] == 2
-    s = r["summary"]["smoke"]
+    assert set(r["summary"]) == {"smoke float32", "smoke bfloat16"}
+    # the rounds alternate the order of the precisions
+    assert list(r["rounds"][0]) == ["smoke float32", "smoke bfloat16"]
+    assert list(r["rounds"][1]) == ["smoke bfloat16", "smoke float32"]
+    s = r["summary"]["smoke bfloat16"]
     assert set(s) == {"train", "beam4", "greedy"}
     assert set(s["train"]["figures"]) == {"ours", "pytorch"}
     for task in ("beam4", "greedy"):
@@ -80,13 +83,29 @@ def test_smoke_times_every_pair(tmp_path):
             assert f["n"] == 2 and 0 < f["min"] <= f["median"] <= f["max"], (task, system, f)
         assert set(t["ours_over"]) == set(t["figures"]) - {"ours"}
         assert t["goals"] == {}  # no goals on smoke shapes
-    assert 0 < r["rounds"][0]["smoke"]["train"]["ours"]["mfu"] < 1
+    assert 0 < r["rounds"][0]["smoke bfloat16"]["train"]["ours"]["mfu"] < 1
 
     text = docs.read_text()
     assert text.startswith(f"before\n{BEGIN}\nMeasured by `scripts/compare.py`")
     assert text.endswith(f"{END}\nafter\n") and "old table" not in text
-    assert "our dtype float32, matmul operands bfloat16" in text
-    assert "| smoke | beam 4 | sentences/s |" in text and "| smoke | training |" in text
+    assert "ours float32 against PyTorch float32" in text and "bfloat16 autocast" in text
+    for variant in ("smoke float32", "smoke bfloat16"):
+        assert f"| {variant} | beam 4 | sentences/s |" in text
+        assert f"| {variant} | training |" in text
+
+
+def test_pytorch_autocast_runs_its_matmuls_in_bfloat16():
+    """The bfloat16 row's peer really computes in bfloat16 (autocast), the float32 row's not."""
+    torch = pytest.importorskip("torch", reason="torch comes with the optional extra 'compare'")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from compare import Marian
+
+    layer = torch.nn.Linear(4, 4)
+    x = torch.ones(2, 4)
+    with Marian.autocast("bfloat16"):
+        assert layer(x).dtype == torch.bfloat16
+    with Marian.autocast("float32"):
+        assert layer(x).dtype == torch.float32
 
 
 def test_joined_pairs_stay_aligned_and_use_every_line():
