@@ -10,7 +10,7 @@ from tiny_run import cli_env, run, tiny_config, tiny_overrides, train_command, w
 
 from seq2seq.config import ConfigError, replace
 from seq2seq.data import recipe
-from seq2seq.run import resolve_recipe
+from seq2seq.resolve import resolve_config
 from seq2seq.training.loop import check_train_config
 
 
@@ -173,13 +173,13 @@ def test_time_budget_chooses_the_steps_at_the_end_of_the_warmup(tmp_path):
 def test_a_given_step_count_turns_the_time_budget_off(tmp_path):
     corpus = write_corpus(tmp_path / "data", train=300)
     given = tiny_config(corpus, tmp_path / "run", "train.steps=7", "train.time_budget=840")
-    config, note = resolve_recipe(given)
-    assert config.train.steps == 7 and config.train.time_budget == 0
-    assert note == "train.steps=7 is given: train.time_budget=840 does not apply"
+    run = resolve_config(given)
+    assert run.config.train.steps == 7 and run.config.train.time_budget == 0
+    assert run.notes == ("train.steps=7 is given: train.time_budget=840 does not apply",)
     left = tiny_config(corpus, tmp_path / "run", "train.steps=0", "train.time_budget=840")
-    config, note = resolve_recipe(left)  # provisional steps from the token budget
-    assert config.train.time_budget == 840 and config.train.steps > 0
-    assert "train.time_budget" not in note
+    run = resolve_config(left)  # provisional steps from the token budget
+    assert run.config.train.time_budget == 840 and run.config.train.steps > 0
+    assert not any("train.time_budget" in note for note in run.notes)
 
 
 def test_a_negative_time_budget_is_a_named_error(tmp_path):

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from seq2seq.config import Config, ConfigError, TrainConfig
+from seq2seq.config import Config, TrainConfig
 from seq2seq.model import build_model
 from seq2seq.sharding import Partitioner
 
@@ -71,11 +71,6 @@ def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
     * ``linear``: peak · min(n / W, (T - n + 1) / (T - W + 1)), clipped at 0 — a linear decay
       that reaches peak / (T - W + 1) at the last step and 0 after it (the "linear decay to
       zero" of fairseq's ``polynomial_decay`` and of BERT).
-
-    Raises (when the schedule is evaluated, not when it is built, so that a config whose
-    recipe is not resolved yet can still describe an optimizer state):
-      ConfigError: ``linear`` with ``steps`` = 0, the recipe's value before
-        ``seq2seq.data.recipe.resolve`` (the rate would be 0 after the warmup).
     """
     warmup = max(config.warmup_steps, 1)
     peak = config.learning_rate
@@ -83,12 +78,6 @@ def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
     linear = config.schedule == "linear"
 
     def schedule(count):
-        if linear and config.steps <= 0:
-            raise ConfigError(
-                "train.schedule=linear with train.steps=0: the decay needs the total step "
-                "count; resolve the recipe first (seq2seq.data.recipe.resolve, as "
-                "seq2seq-train does) or set train.steps"
-            )
         n = jnp.asarray(count, jnp.float32) + 1.0
         if linear:
             decay = jnp.clip((total - n + 1.0) / (total - warmup + 1.0), 0.0, 1.0)
