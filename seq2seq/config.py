@@ -332,11 +332,13 @@ class TrainConfig:
       max_seconds: stop (and checkpoint) after this much training wall time (0 = no limit).
       time_budget: size the run to this many seconds of training time (0 = off; dev
         evaluations and checkpoints are not counted). When the run reaches the end of its
-        warmup, ``steps`` is replaced by the step count that fills the rest of the budget at the
-        speed measured over the warmup (``seq2seq.data.recipe.steps_for_time_budget``), so a
-        ``linear`` decay ends with the budget; the chosen count is logged and written to
-        ``config.yaml``, and from then on the run is an ordinary step-budget run (a resume
-        keeps the count). The run's length then depends on the machine's speed.
+        warmup, the step count that fills the rest of the budget at the speed measured over
+        the warmup (``seq2seq.data.recipe.steps_for_time_budget``) replaces ``steps`` as the
+        run's end and the schedule's horizon, so a ``linear`` decay ends with the budget; the
+        step is compiled once and reads the horizon as a value. The chosen count is logged
+        and kept in the checkpoints (a resume keeps it; ``config.yaml`` keeps the resolved,
+        provisional ``steps``) and in ``test.json`` (``steps``). The run's length then depends
+        on the machine's speed.
       init_from: start from the weights of a trained run (a workdir: its newest checkpoint, or
         a checkpoint directory ``<workdir>/checkpoints/<step>``) instead of a random init,
         reusing its SentencePiece model(s) (copied into this workdir, not retrained); the model

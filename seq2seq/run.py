@@ -131,7 +131,7 @@ def prepare_run(run: Config | Resolved) -> tuple[Config, PreparedData, Any]:
 
     Returns:
       The config; the data; and the saved ``DataConfig`` when a resume changed the batching
-      (``seq2seq.resolve.BATCHING``), else None.
+      (``seq2seq.config.BATCHING``), else None.
 
     Raises:
       ConfigError / MeshError: invalid settings (when ``run`` is a ``Config``), before any
@@ -182,7 +182,8 @@ def train(run: Config | Resolved) -> dict[str, Any]:
 
     Returns:
       A summary dict: ``status`` (``finished``, ``early_stopping`` or ``max_seconds``),
-      ``step``, last ``dev`` metrics, ``best`` (metric, value, step, dev loss),
+      ``step``, ``steps`` (the run's step count: ``train.steps`` or the count
+      ``train.time_budget`` chose), last ``dev`` metrics, ``best`` (metric, value, step, dev loss),
       ``best_checkpoint``, ``test_step`` (checkpoint decoded), ``test_bleu``/``test_chrf`` with
       signatures,
       ``tokens_seen`` (real source+target tokens), ``train_seconds`` (all runs), this run's
@@ -260,6 +261,7 @@ def train(run: Config | Resolved) -> dict[str, Any]:
     summary = {
         "status": result.stopped,
         "step": step,
+        "steps": p.steps(config),
         "dev": p.dev,
         "best": result.best.to_json(),
         "best_checkpoint": result.best_checkpoint,

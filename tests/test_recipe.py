@@ -151,10 +151,12 @@ def test_time_budget_chooses_the_steps_at_the_end_of_the_warmup(tmp_path):
     spent = float(chosen[0].split(" s of 4 spent")[0].rsplit(" ", 1)[1])
     if spent <= 2:
         assert steps > 10, chosen[0]
+    # config.yaml is the resolved config (provisional steps): training never rewrites it
     saved = yaml.safe_load((workdir / "config.yaml").read_text(encoding="utf-8"))
-    assert saved["train"]["steps"] == steps and saved["train"]["warmup_steps"] == 8
+    assert saved["train"]["steps"] == 10 and saved["train"]["warmup_steps"] == 8
     summary = json.loads((workdir / "test.json").read_text(encoding="utf-8"))
-    assert summary["status"] == "finished" and summary["step"] == steps
+    assert summary["status"] == "finished" and summary["step"] == summary["steps"] == steps
+    assert f"at step {steps} of {steps}." in (workdir / "summary.md").read_text(encoding="utf-8")
     # the linear decay ends at the chosen step: peak · 1 / (T - W + 1) at the last step
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").open(encoding="utf-8")]
     train = [r for r in rows if r["split"] == "train"]
@@ -166,8 +168,8 @@ def test_time_budget_chooses_the_steps_at_the_end_of_the_warmup(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = (workdir / "train.log").read_text(encoding="utf-8")
     assert sum("train.time_budget=4s:" in line for line in log.splitlines()) == 1
-    saved = yaml.safe_load((workdir / "config.yaml").read_text(encoding="utf-8"))
-    assert saved["train"]["steps"] == steps
+    summary = json.loads((workdir / "test.json").read_text(encoding="utf-8"))
+    assert summary["step"] == summary["steps"] == steps
 
 
 def test_a_given_step_count_turns_the_time_budget_off(tmp_path):
