@@ -14,9 +14,10 @@ this order, and no placeholder is left after them:
    parent's, else the resumed run's, else the size of a given ``.model`` file, else
    ``tokenizer.vocab_size`` (SentencePiece trains exactly that many pieces; the run layer
    checks the trained model against it);
-4. **resume**: the changes against the saved ``config.yaml``; a key whose rule is not
-   ``free`` on resume (``seq2seq.config.RESUMABLE``) is refused unless
-   ``train.allow_config_change``;
+4. **resume**: the changes against the saved ``config.yaml``; a key whose rule in the schema
+   is not ``free`` on resume (``seq2seq.config.RESUMABLE``) is refused unless
+   ``train.allow_config_change`` (a ``remapped`` one, ``seq2seq.config.BATCHING``, then
+   moves the data position by examples);
 5. **validation**: every check that needs no data (``check_run_config``).
 
 Every command and script builds its config here; nothing below the run layer fills in or
@@ -33,6 +34,8 @@ from typing import Any
 import jax
 
 from seq2seq.config import (
+    BATCHING,
+    FREE,
     Config,
     ConfigError,
     ModelConfig,
@@ -40,6 +43,7 @@ from seq2seq.config import (
     flatten,
     load_config,
     replace,
+    rule_of,
 )
 from seq2seq.data import recipe
 from seq2seq.data.pipeline import MIN_DECODE_SOURCE_LEN, check_corpora, check_vocabularies
@@ -53,37 +57,6 @@ from seq2seq.translation import check_decode_config
 from seq2seq.workdir import checkpoint_steps, config_path
 
 log = logging.getLogger(__name__)
-
-# Keys (or sections, ending in ".") that may change when a run resumes: they change how it goes
-# on, not what it is. Any other change is refused unless train.allow_config_change=true.
-RESUMABLE = (
-    "workdir",
-    "train.steps",
-    "train.token_budget",
-    "train.eval_every",
-    "train.checkpoint_every",
-    "train.log_every",
-    "train.dev_bleu",
-    "train.bleu_subset",
-    "train.bleu_beam_size",
-    "train.patience",
-    "train.keep_checkpoints",
-    "train.keep_best",
-    "train.test_checkpoint",
-    "train.max_seconds",
-    "train.time_budget",
-    "train.max_skipped_steps",
-    "train.allow_config_change",
-    "decode.",
-    "data.dev.",
-    "data.test.",
-    "data.dev",  # a list of dev/test corpora is one key
-    "data.test",
-    "mesh.",
-    "distributed.",
-)
-# Changes that move the data position: it is remapped by examples (``remap_position``).
-BATCHING = ("data.max_tokens", "data.max_len", "data.packing")
 
 
 @dataclass(frozen=True)
@@ -230,15 +203,11 @@ def _vocab_sizes(config: Config, parent: Parent | None, saved: Config | None) ->
     )
 
 
-def _resumable(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE)
-
-
 def _changes(config: Config, saved: Config) -> tuple[Change, ...]:
     """Stage 4: the keys of ``config`` that differ from the saved run's (``workdir`` aside)."""
     old, new = flatten(saved), flatten(config)
     return tuple(
-        Change(k, old.get(k), v, _resumable(k))
+        Change(k, old.get(k), v, rule_of(k).resume == FREE)
         for k, v in new.items()
         if old.get(k) != v and k != "workdir"
     )

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from seq2seq.config import Config, TrainConfig
+from seq2seq.config import Config, TrainConfig, choices
 from seq2seq.model import build_model
 from seq2seq.sharding import Partitioner
 
@@ -57,7 +57,7 @@ class TrainState:
         return self.params if self.ema is None else self.ema
 
 
-SCHEDULES = ("rsqrt", "linear")
+SCHEDULES = choices("train.schedule")  # from the schema (seq2seq/config.py)
 
 
 def learning_rate_schedule(config: TrainConfig, horizon: Any = None) -> optax.Schedule:
