@@ -63,14 +63,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from seq2seq.config import Config, ModelConfig, TrainConfig, load_config, replace
-from seq2seq.data import recipe
+from seq2seq.config import Config, ModelConfig, TrainConfig, replace
 from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.decoding import beam_search_jit, greedy_search_jit
 from seq2seq.model import build_model
 from seq2seq.model.attention import MultiHeadAttention, dot_product_attention, segment_mask
 from seq2seq.model.flops import matmul_params, train_flops_breakdown
+from seq2seq.resolve import resolve
 from seq2seq.training.step import create_train_state, make_optimizer, make_train_step
 from seq2seq.translation import Translator, bucket_length
 
@@ -374,9 +374,9 @@ class Bench:
                     "decode.max_tokens=256",
                 ]
                 overrides += [f"model.{k}={v}" for k, v in SMOKE_MODEL.items()]
-            # batch size and steps left to the recipe are chosen from the corpus, as
-            # seq2seq-train does (seq2seq/data/recipe.py)
-            self._config = recipe.resolve(load_config(a.config, overrides))[0]
+            # resolved as seq2seq-train does: batch size and steps left to the recipe are
+            # chosen from the corpus (seq2seq/resolve.py)
+            self._config = resolve(a.config, overrides).config
         return self._config
 
     def prepared(self):

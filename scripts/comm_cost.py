@@ -32,9 +32,9 @@ if "jax" not in sys.modules:  # must be set before jax starts
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from seq2seq.config import Config, MeshConfig, load_config, replace  # noqa: E402
-from seq2seq.data import recipe  # noqa: E402
+from seq2seq.config import Config, MeshConfig, replace  # noqa: E402
 from seq2seq.data.batching import FIELDS  # noqa: E402
+from seq2seq.resolve import resolve  # noqa: E402
 from seq2seq.sharding import MeshError, Partitioner, check_model, make_mesh  # noqa: E402
 from seq2seq.training.step import (  # noqa: E402
     abstract_train_state,  # noqa: E402
@@ -70,8 +70,7 @@ def preset(name: str) -> Config:
     (Vaswani et al. 2017, Table 3: d_model 512, 8 heads, 6+6 layers, d_ff 2048), 32k vocabulary,
     64 rows × 128 tokens per batch."""
     if name == "tatoeba":
-        config = recipe.resolve(load_config("configs/tatoeba_en_es.yaml"))[0]  # its batch size
-        return replace(config, **{"model.vocab_size": config.tokenizer.vocab_size})
+        return resolve("configs/tatoeba_en_es.yaml", validate=False).config  # its batch size
     if name == "base":
         return replace(
             Config(),

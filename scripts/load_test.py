@@ -104,10 +104,10 @@ def random_run(workdir: str, config: str = "configs/tatoeba_en_es.yaml") -> None
     limit (a·|x| + b), the slowest case of the search. Needs this checkout's package."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from seq2seq.config import load_config, save_config
-    from seq2seq.data import recipe
     from seq2seq.data.sources import read_lines
     from seq2seq.data.tokenizer import train_or_load
     from seq2seq.model import build_model
+    from seq2seq.resolve import resolve
     from seq2seq.training.checkpoints import Checkpointer
     from seq2seq.training.step import create_train_state, make_optimizer
     from seq2seq.workdir import checkpoint_dir, config_path
@@ -119,8 +119,8 @@ def random_run(workdir: str, config: str = "configs/tatoeba_en_es.yaml") -> None
     base = load_config(config, [f"workdir={workdir}"])
     Path(workdir).mkdir(parents=True, exist_ok=True)
     vocab = train_or_load(texts, base.tokenizer, workdir).vocab_size
-    run = load_config(config, [f"workdir={workdir}", f"model.vocab_size={vocab}"])
-    run = recipe.resolve(run)[0]  # the batch size and steps a trained run would have saved
+    # resolved: the batch size and steps a trained run would have saved
+    run = resolve(config, [f"workdir={workdir}", f"model.vocab_size={vocab}"]).config
     save_config(run, config_path(Path(workdir)))
     _, state = create_train_state(build_model(run.model, 0), make_optimizer(run.train), 0)
     ck = Checkpointer(checkpoint_dir(Path(workdir)), keep=None, async_save=False)

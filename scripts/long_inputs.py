@@ -43,10 +43,10 @@ import numpy as np
 from flax import nnx
 
 from seq2seq.config import ModelConfig, TrainConfig, load_config, replace
-from seq2seq.data import recipe
 from seq2seq.model import build_model
 from seq2seq.model.attention import MultiHeadAttention, SegmentMask
 from seq2seq.model.positions import PositionBias, alibi_bias
+from seq2seq.resolve import resolve
 from seq2seq.training.step import create_train_state, make_optimizer, make_train_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -329,8 +329,8 @@ def preset_memory(args) -> dict:
 
 def speed(args) -> dict:
     """Step time of the default preset (64 × 64 tokens), alternating dense and chunked."""
-    # the batch size the recipe picks for the shipped corpus (seq2seq/data/recipe.py)
-    config = recipe.resolve(load_config(str(ROOT / "configs" / "tatoeba_en_es.yaml"), []))[0]
+    # the batch size the recipe picks for the shipped corpus (seq2seq/resolve.py)
+    config = resolve(str(ROOT / "configs" / "tatoeba_en_es.yaml"), validate=False).config
     rows, n = config.data.max_tokens // config.data.max_len, config.data.max_len
     m = config.model
     programs = {

@@ -59,31 +59,25 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     )
     if isinstance(config, int):
         return config
-    from seq2seq.run import (
-        Interrupted,
-        check_resume,
-        check_run_config,  # heavy imports
-        resolve_recipe,
-        train,
-    )
+    from seq2seq.resolve import resolve_config  # heavy imports
+    from seq2seq.run import Interrupted, train
     from seq2seq.sharding import initialize_distributed, is_main_process
 
     initialize_distributed(config.distributed)  # before any device use; no-op for one process
     try:  # every check that needs no data, before the run directory or its log exist (or move)
-        config, recipe_note = resolve_recipe(config)  # batch size and steps left at 0
-        check_run_config(config)
-        check_resume(config, quiet=True)
+        run = resolve_config(config)
     except (ValueError, FileNotFoundError) as e:
         return _fail(str(e))
+    config = run.config
     try:
         _setup_logging(Path(config.workdir) if is_main_process() else None)  # one train.log
     except OSError as e:  # the workdir is a file, or cannot be created
         return _fail(f"workdir={config.workdir}: cannot hold the run: {e}")
-    if recipe_note:
-        logging.getLogger(__name__).info("%s", recipe_note)
+    for note in run.notes:
+        logging.getLogger(__name__).info("%s", note)
     logging.getLogger(__name__).info("config:\n%s", config_yaml(config))
     try:
-        summary = train(config, checked=True)
+        summary = train(run)
     except Interrupted as e:
         print(str(e), file=sys.stderr)
         return 128 + e.signum  # 130 for SIGINT (Ctrl-C), 143 for SIGTERM
@@ -628,12 +622,12 @@ def params_main(argv: Sequence[str] | None = None) -> int:
     if isinstance(config, int):
         return config
     from seq2seq.model.report import abstract_model, format_report, parameter_counts
+    from seq2seq.resolve import resolve_config
 
-    model_config = config.model
-    if model_config.vocab_size == 0:
-        model_config = replace(model_config, vocab_size=config.tokenizer.vocab_size)
-    if model_config.dropout_rate is None:  # left to the recipe; it holds no parameters
-        model_config = replace(model_config, dropout_rate=0.0)
+    try:
+        model_config = resolve_config(config, validate=False).config.model
+    except (ValueError, FileNotFoundError) as e:
+        return _fail(str(e))
     try:
         counts = parameter_counts(abstract_model(model_config))
     except ValueError as e:

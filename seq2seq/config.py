@@ -4,7 +4,10 @@ The schema is a tree of frozen dataclasses; OmegaConf merges the defaults, a YAM
 command-line overrides (``model.d_model=512``) and checks every key and type against the
 schema, so an unknown key or a wrong type is an error that names the full key
 (``model.d_modle``). The merged result is converted back to plain frozen dataclasses, so the
-rest of the code reads ordinary attributes and never sees OmegaConf.
+rest of the code reads ordinary attributes and never sees OmegaConf. Every field states its
+rules in the schema (``rule``): how it behaves on resume and on fine-tuning, and its choices.
+A config from a file still holds placeholders (0 or null: left to the recipe or the
+tokenizer); ``seq2seq.resolve`` turns it into a run's final config.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -23,6 +26,44 @@ from omegaconf.errors import OmegaConfBaseException
 
 class ConfigError(ValueError):
     """A configuration file or override is invalid; the message names the key or file."""
+
+
+# How a key behaves when a run resumes (``resume``) and when a run starts from a trained one
+# (``finetune``, ``train.init_from``); every field of the sections below states both with
+# ``rule``, and the tables of other modules derive from them (``RESUMABLE``, ``BATCHING``,
+# ``seq2seq.training.init_from.FREE_MODEL_KEYS``, ``MODEL_CHOICES``, ``choices``).
+FREE = "free"  # may change: it changes how the run goes on (or what a fine-tune trains)
+FIXED = "fixed"  # resume: refused unless train.allow_config_change; fine-tune: the parent's
+REMAPPED = "remapped"  # resume: as fixed, and with train.allow_config_change the data position
+# is remapped by examples (seq2seq.training.loop.remap_position)
+PARENT = "parent"  # fine-tune: replaced by the parent's value (its tokenizer is reused)
+RESUME_RULES = (FREE, FIXED, REMAPPED)
+FINETUNE_RULES = (FREE, FIXED, PARENT)
+
+
+class Rule(NamedTuple):
+    """A key's rules: ``resume`` (one of ``RESUME_RULES``), ``finetune`` (one of
+    ``FINETUNE_RULES``) and its ``choices`` (empty: any value of its type)."""
+
+    resume: str
+    finetune: str
+    choices: tuple[str, ...]
+
+
+def rule(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    resume: str,
+    finetune: str = FREE,
+    choices: tuple[str, ...] = (),
+) -> Any:
+    """A schema field (``dataclasses.field``) with its ``Rule`` in its metadata."""
+    return field(
+        default=default,
+        default_factory=default_factory,
+        metadata={"rule": Rule(resume, finetune, choices)},
+    )
 
 
 @dataclass(frozen=True)
@@ -99,19 +140,19 @@ class DataConfig:
         pair (``seq2seq/data/documents.py``; long inputs); at most ``max_len``. 0 = off.
     """
 
-    src_lang: str = "en"
-    tgt_lang: str = "es"
+    src_lang: str = rule("en", resume=FIXED)
+    tgt_lang: str = rule("es", resume=FIXED)
     # Any: a SourceConfig or a tuple of them (OmegaConf has no union of containers); the
     # mappings OmegaConf gives are converted in __post_init__.
-    train: Any = field(default_factory=lambda: {"path": "data/tatoeba-en-es/train"})
-    dev: Any = field(default_factory=lambda: {"path": "data/tatoeba-en-es/dev"})
-    test: Any = field(default_factory=lambda: {"path": "data/tatoeba-en-es/test"})
-    max_len: int = 64
-    max_tokens: int = 0
-    packing: bool = True
-    skip_empty: bool = True
-    max_length_ratio: float = 3.0
-    concat_pairs_to_tokens: int = 0
+    train: Any = rule(default_factory=lambda: {"path": "data/tatoeba-en-es/train"}, resume=FIXED)
+    dev: Any = rule(default_factory=lambda: {"path": "data/tatoeba-en-es/dev"}, resume=FREE)
+    test: Any = rule(default_factory=lambda: {"path": "data/tatoeba-en-es/test"}, resume=FREE)
+    max_len: int = rule(64, resume=REMAPPED)
+    max_tokens: int = rule(0, resume=REMAPPED)
+    packing: bool = rule(True, resume=REMAPPED)
+    skip_empty: bool = rule(True, resume=FIXED)
+    max_length_ratio: float = rule(3.0, resume=FIXED)
+    concat_pairs_to_tokens: int = rule(0, resume=FIXED)
 
     def __post_init__(self):
         for split in SPLITS:
@@ -164,30 +205,25 @@ class TokenizerConfig:
         trailing spaces and collapse runs of them (the default); false keeps them as written.
     """
 
-    joint: bool = True
-    model_file: str | None = None
-    src_model_file: str | None = None
-    tgt_model_file: str | None = None
-    vocab_size: int = 8000
-    model_type: str = "unigram"
-    character_coverage: float = 1.0
-    input_sentence_size: int = 1_000_000
-    user_defined_symbols: list[str] = field(default_factory=list)
-    normalization: str = "nmt_nfkc"
-    byte_fallback: bool = False
-    remove_extra_whitespaces: bool = True
+    joint: bool = rule(True, resume=FIXED, finetune=PARENT)
+    model_file: str | None = rule(None, resume=FIXED, finetune=PARENT)
+    src_model_file: str | None = rule(None, resume=FIXED, finetune=PARENT)
+    tgt_model_file: str | None = rule(None, resume=FIXED, finetune=PARENT)
+    vocab_size: int = rule(8000, resume=FIXED, finetune=PARENT)
+    model_type: str = rule("unigram", resume=FIXED, finetune=PARENT, choices=("unigram", "bpe"))
+    character_coverage: float = rule(1.0, resume=FIXED, finetune=PARENT)
+    input_sentence_size: int = rule(1_000_000, resume=FIXED, finetune=PARENT)
+    user_defined_symbols: list[str] = rule(default_factory=list, resume=FIXED, finetune=PARENT)
+    normalization: str = rule(
+        "nmt_nfkc",
+        resume=FIXED,
+        finetune=PARENT,
+        choices=("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"),
+    )
+    byte_fallback: bool = rule(False, resume=FIXED, finetune=PARENT)
+    remove_extra_whitespaces: bool = rule(True, resume=FIXED, finetune=PARENT)
 
 
-# Choices of the string-valued model settings (checked when a config is built).
-MODEL_CHOICES: dict[str, tuple[str, ...]] = {
-    "norm": ("pre", "post"),
-    "positions": ("sinusoidal", "learned", "relative", "rope", "alibi", "none"),
-    "activation": ("relu", "gelu", "swiglu", "geglu"),
-    "share_embeddings": ("all", "target", "none"),
-    "dtype": ("float32", "bfloat16"),
-    "matmul_dtype": ("float32", "bfloat16"),
-    "attention": ("dense", "chunked", "cudnn"),
-}
 # Choices that only run on a GPU backend: check_run_config refuses them elsewhere (named
 # error), so the CPU test matrix tests that error instead of running them.
 GPU_ONLY_CHOICES: dict[str, tuple[str, ...]] = {"attention": ("cudnn",)}
@@ -198,16 +234,17 @@ class ModelConfig:
     """Transformer encoder-decoder hyperparameters (Vaswani et al. 2017, Table 3).
 
     Attributes:
-      vocab_size: target vocabulary (and source too when shared); filled from the tokenizer at
-        run time when left at 0.
+      vocab_size: target vocabulary (and source too when shared); 0: the tokenizer's, filled
+        in when the config is resolved (``seq2seq/resolve.py``).
       src_vocab_size: source vocabulary of separate vocabularies (0 = same as ``vocab_size``);
         filled from the tokenizer.
       d_model / num_heads / d_ff: model width, attention heads (d_model % num_heads == 0), FFN
         hidden width.
       num_encoder_layers / num_decoder_layers: stack depths.
       dropout_rate: residual dropout P_drop (§5.4): on each sublayer output before the residual
-        add, and on the embeddings + positions. null: chosen by ``seq2seq-train`` from the
-        passes over the training corpus (``seq2seq/data/recipe.py``).
+        add, and on the embeddings + positions. null: chosen when the config is resolved
+        (``seq2seq/resolve.py``) from the passes over the training corpus
+        (``seq2seq/data/recipe.py``).
       attention_dropout_rate: dropout on the attention weights (after softmax).
       activation_dropout_rate: dropout on the FFN hidden activation.
       activation: FFN nonlinearity: ``relu`` (paper), ``gelu`` (Hendrycks & Gimpel 2016), or
@@ -243,29 +280,38 @@ class ModelConfig:
       ConfigError: a string setting is not one of its choices (the message names the key).
     """
 
-    vocab_size: int = 0
-    src_vocab_size: int = 0
-    d_model: int = 256
-    num_heads: int = 4
-    num_encoder_layers: int = 3
-    num_decoder_layers: int = 3
-    d_ff: int = 1024
-    dropout_rate: float | None = 0.1
-    attention_dropout_rate: float = 0.0
-    activation_dropout_rate: float = 0.0
-    activation: str = "relu"
-    norm: str = "pre"
-    positions: str = "sinusoidal"
-    relpos_buckets: int = 32
-    relpos_max_distance: int = 128
-    rope_base: float = 10_000.0
-    share_embeddings: str = "all"
-    max_len: int = 512
-    dtype: str = "float32"
-    matmul_dtype: str = "float32"
-    attention: str = "dense"
-    attention_q_block: int = 256
-    attention_kv_block: int = 256
+    vocab_size: int = rule(0, resume=FIXED, finetune=FIXED)
+    src_vocab_size: int = rule(0, resume=FIXED, finetune=FIXED)
+    d_model: int = rule(256, resume=FIXED, finetune=FIXED)
+    num_heads: int = rule(4, resume=FIXED, finetune=FIXED)
+    num_encoder_layers: int = rule(3, resume=FIXED, finetune=FIXED)
+    num_decoder_layers: int = rule(3, resume=FIXED, finetune=FIXED)
+    d_ff: int = rule(1024, resume=FIXED, finetune=FIXED)
+    dropout_rate: float | None = rule(0.1, resume=FREE)
+    attention_dropout_rate: float = rule(0.0, resume=FREE)
+    activation_dropout_rate: float = rule(0.0, resume=FREE)
+    activation: str = rule(
+        "relu", resume=FIXED, finetune=FIXED, choices=("relu", "gelu", "swiglu", "geglu")
+    )
+    norm: str = rule("pre", resume=FIXED, finetune=FIXED, choices=("pre", "post"))
+    positions: str = rule(
+        "sinusoidal",
+        resume=FIXED,
+        finetune=FIXED,
+        choices=("sinusoidal", "learned", "relative", "rope", "alibi", "none"),
+    )
+    relpos_buckets: int = rule(32, resume=FIXED, finetune=FIXED)
+    relpos_max_distance: int = rule(128, resume=FIXED, finetune=FIXED)
+    rope_base: float = rule(10_000.0, resume=FIXED, finetune=FIXED)
+    share_embeddings: str = rule(
+        "all", resume=FIXED, finetune=FIXED, choices=("all", "target", "none")
+    )
+    max_len: int = rule(512, resume=FIXED, finetune=FIXED)
+    dtype: str = rule("float32", resume=FREE, choices=("float32", "bfloat16"))
+    matmul_dtype: str = rule("float32", resume=FREE, choices=("float32", "bfloat16"))
+    attention: str = rule("dense", resume=FREE, choices=("dense", "chunked", "cudnn"))
+    attention_q_block: int = rule(256, resume=FREE)
+    attention_kv_block: int = rule(256, resume=FREE)
 
     def __post_init__(self):
         # The field used to be a bool; YAML true/false arrive as bools or "True"/"False".
@@ -283,14 +329,19 @@ class ModelConfig:
         """``dropout_rate`` once chosen.
 
         Raises:
-          ConfigError: it is still null (left to the recipe, which ``seq2seq-train`` runs).
+          ConfigError: it is still null (a config not resolved by ``seq2seq.resolve``).
         """
         if self.dropout_rate is None:
-            raise ConfigError(
-                "model.dropout_rate is null (left to the recipe): resolve the config first "
-                "(seq2seq.data.recipe.resolve, as seq2seq-train does) or give a rate"
-            )
+            raise ConfigError("model.dropout_rate is null: resolve the config (seq2seq.resolve)")
         return self.dropout_rate
+
+
+# Choices of the string-valued model settings (checked when a config is built).
+MODEL_CHOICES: dict[str, tuple[str, ...]] = {
+    f.name: f.metadata["rule"].choices
+    for f in dataclasses.fields(ModelConfig)
+    if f.metadata["rule"].choices
+}
 
 
 @dataclass(frozen=True)
@@ -332,15 +383,18 @@ class TrainConfig:
       max_seconds: stop (and checkpoint) after this much training wall time (0 = no limit).
       time_budget: size the run to this many seconds of training time (0 = off; dev
         evaluations and checkpoints are not counted). When the run reaches the end of its
-        warmup, ``steps`` is replaced by the step count that fills the rest of the budget at the
-        speed measured over the warmup (``seq2seq.data.recipe.steps_for_time_budget``), so a
-        ``linear`` decay ends with the budget; the chosen count is logged and written to
-        ``config.yaml``, and from then on the run is an ordinary step-budget run (a resume
-        keeps the count). The run's length then depends on the machine's speed.
+        warmup, the step count that fills the rest of the budget at the speed measured over
+        the warmup (``seq2seq.data.recipe.steps_for_time_budget``) replaces ``steps`` as the
+        run's end and the schedule's horizon, so a ``linear`` decay ends with the budget; the
+        step is compiled once and reads the horizon as a value. The chosen count is logged
+        and kept in the checkpoints (a resume keeps it; ``config.yaml`` keeps the resolved,
+        provisional ``steps``) and in ``test.json`` (``steps``). The run's length then depends
+        on the machine's speed.
       init_from: start from the weights of a trained run (a workdir: its newest checkpoint, or
         a checkpoint directory ``<workdir>/checkpoints/<step>``) instead of a random init,
         reusing its SentencePiece model(s) (copied into this workdir, not retrained); the model
-        settings must match (dropout rates, ``dtype`` and ``matmul_dtype`` may differ). Only a
+        settings must match (those ``free`` on fine-tuning may differ: the dropout rates,
+        ``dtype``, ``matmul_dtype`` and the attention kernel and its blocks). Only a
         run with no checkpoint of its own starts from it; a resume continues from its own
         checkpoint.
       init_optimizer: with ``init_from``, also load the optimizer state (Adam moments and
@@ -354,42 +408,42 @@ class TrainConfig:
         checkpoints hold both.
       allow_config_change: resume a run whose saved ``config.yaml`` differs in a key that
         changes what the run is (model, tokenizer, training data, batch arithmetic, optimizer,
-        schedule, seed); without it such a resume is refused (``seq2seq.run.RESUMABLE`` lists
-        the keys that may always change). The data position is then remapped by examples and
-        ``summary.md`` records the changes.
+        schedule, seed); without it such a resume is refused (the keys whose rule is ``free``
+        on resume, ``RESUMABLE``, may always change). The data position is then remapped by
+        examples and ``summary.md`` records the changes.
     """
 
-    seed: int = 0
-    steps: int = 0
-    token_budget: int = 960 * 2048
-    learning_rate: float = 2e-3
-    warmup_steps: int = 0
-    schedule: str = "rsqrt"
-    b1: float = 0.9
-    b2: float = 0.98
-    eps: float = 1e-9
-    weight_decay: float = 1e-4
-    clip_norm: float = 1.0
-    label_smoothing: float = 0.1
-    grad_accum_steps: int = 1
-    max_skipped_steps: int = 10
-    eval_every: int = 500
-    checkpoint_every: int = 500
-    log_every: int = 50
-    dev_bleu: bool = True
-    bleu_subset: int = 500
-    bleu_beam_size: int = 1
-    best_metric: str = "bleu"
-    keep_checkpoints: int = 3
-    keep_best: bool = True
-    patience: int = 0
-    test_checkpoint: str = "best"
-    max_seconds: float = 0.0
-    time_budget: float = 0.0
-    init_from: str | None = None
-    init_optimizer: bool = False
-    ema_decay: float = 0.0
-    allow_config_change: bool = False
+    seed: int = rule(0, resume=FIXED)
+    steps: int = rule(0, resume=FREE)
+    token_budget: int = rule(960 * 2048, resume=FREE)
+    learning_rate: float = rule(2e-3, resume=FIXED)
+    warmup_steps: int = rule(0, resume=FIXED)
+    schedule: str = rule("rsqrt", resume=FIXED, choices=("rsqrt", "linear"))
+    b1: float = rule(0.9, resume=FIXED)
+    b2: float = rule(0.98, resume=FIXED)
+    eps: float = rule(1e-9, resume=FIXED)
+    weight_decay: float = rule(1e-4, resume=FIXED)
+    clip_norm: float = rule(1.0, resume=FIXED)
+    label_smoothing: float = rule(0.1, resume=FIXED)
+    grad_accum_steps: int = rule(1, resume=FIXED)
+    max_skipped_steps: int = rule(10, resume=FREE)
+    eval_every: int = rule(500, resume=FREE)
+    checkpoint_every: int = rule(500, resume=FREE)
+    log_every: int = rule(50, resume=FREE)
+    dev_bleu: bool = rule(True, resume=FREE)
+    bleu_subset: int = rule(500, resume=FREE)
+    bleu_beam_size: int = rule(1, resume=FREE)
+    best_metric: str = rule("bleu", resume=FIXED, choices=("bleu", "loss"))
+    keep_checkpoints: int = rule(3, resume=FREE)
+    keep_best: bool = rule(True, resume=FREE)
+    patience: int = rule(0, resume=FREE)
+    test_checkpoint: str = rule("best", resume=FREE, choices=("best", "last"))
+    max_seconds: float = rule(0.0, resume=FREE)
+    time_budget: float = rule(0.0, resume=FREE)
+    init_from: str | None = rule(None, resume=FIXED)
+    init_optimizer: bool = rule(False, resume=FIXED)
+    ema_decay: float = rule(0.0, resume=FIXED)
+    allow_config_change: bool = rule(False, resume=FREE)
 
 
 @dataclass(frozen=True)
@@ -415,20 +469,20 @@ class DecodeConfig:
         by default it is never generated.
     """
 
-    beam_size: int = 4
-    alpha: float = 0.6
-    length_penalty: str = "gnmt"
-    max_len_a: float = 1.5
-    max_len_b: int = 10
-    min_length: int = 0
-    max_tokens: int = 8192
-    test_limit: int = 0
-    sampling: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    allow_unk: bool = False
+    beam_size: int = rule(4, resume=FREE)
+    alpha: float = rule(0.6, resume=FREE)
+    length_penalty: str = rule("gnmt", resume=FREE, choices=("gnmt", "plain", "none"))
+    max_len_a: float = rule(1.5, resume=FREE)
+    max_len_b: int = rule(10, resume=FREE)
+    min_length: int = rule(0, resume=FREE)
+    max_tokens: int = rule(8192, resume=FREE)
+    test_limit: int = rule(0, resume=FREE)
+    sampling: bool = rule(False, resume=FREE)
+    temperature: float = rule(1.0, resume=FREE)
+    top_k: int = rule(0, resume=FREE)
+    top_p: float = rule(1.0, resume=FREE)
+    seed: int = rule(0, resume=FREE)
+    allow_unk: bool = rule(False, resume=FREE)
 
 
 @dataclass(frozen=True)
@@ -446,9 +500,9 @@ class MeshConfig:
         split; Shoeybi et al. 2019).
     """
 
-    data: int = -1
-    fsdp: int = 1
-    tensor: int = 1
+    data: int = rule(-1, resume=FREE)
+    fsdp: int = rule(1, resume=FREE)
+    tensor: int = rule(1, resume=FREE)
 
 
 @dataclass(frozen=True)
@@ -469,18 +523,18 @@ class DistributedConfig:
       initialization_timeout: seconds to wait for all processes to connect.
     """
 
-    coordinator_address: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
-    auto: bool = False
-    initialization_timeout: int = 300
+    coordinator_address: str | None = rule(None, resume=FREE)
+    num_processes: int | None = rule(None, resume=FREE)
+    process_id: int | None = rule(None, resume=FREE)
+    auto: bool = rule(False, resume=FREE)
+    initialization_timeout: int = rule(300, resume=FREE)
 
 
 @dataclass(frozen=True)
 class Config:
     """A whole run: where it lives and every section above."""
 
-    workdir: str = "runs/default"
+    workdir: str = rule("runs/default", resume=FREE)
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -488,6 +542,54 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+
+def _section(f: dataclasses.Field) -> Any:
+    """The dataclass of a section field of ``Config`` (``data``, ``model``, ...), else None."""
+    factory = f.default_factory
+    return factory if isinstance(factory, type) and dataclasses.is_dataclass(factory) else None
+
+
+def rules(section: Any = Config, prefix: str = "") -> dict[str, Rule]:
+    """``{"train.steps": Rule(...), ...}``: the rule of every key of the schema, by its dotted
+    key (a corpus split such as ``data.train`` is one key: its entries' keys follow it).
+
+    Raises:
+      ConfigError: a field states no rule (give it one with ``rule``).
+    """
+    out: dict[str, Rule] = {}
+    for f in dataclasses.fields(section):
+        if _section(f) is not None:
+            out.update(rules(_section(f), f"{prefix}{f.name}."))
+        elif "rule" in f.metadata:
+            out[prefix + f.name] = f.metadata["rule"]
+        else:
+            raise ConfigError(f"{prefix}{f.name} has no rule in the schema (seq2seq/config.py)")
+    return out
+
+
+def rule_of(key: str) -> Rule:
+    """The rule of a dotted key as ``flatten`` writes it (``data.dev.path``: ``data.dev``'s).
+
+    Raises:
+      KeyError: the key is not in the schema.
+    """
+    table = rules()
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in table:
+            return table[".".join(parts[:n])]
+    raise KeyError(key)
+
+
+def choices(key: str) -> tuple[str, ...]:
+    """The choices of a dotted key (``train.schedule``), empty when it has none."""
+    return rule_of(key).choices
+
+
+# Keys that may change when a run resumes, and those whose change moves the data position.
+RESUMABLE = tuple(k for k, r in rules().items() if r.resume == FREE)
+BATCHING = tuple(k for k, r in rules().items() if r.resume == REMAPPED)
 
 
 def _set_corpus_lists(merged: Any, layer: Any) -> Any:

@@ -1,7 +1,7 @@
 """The application: one training run from a config, from data preparation to its report.
 
-``train`` is what ``seq2seq-train`` runs: check every setting before any work
-(``check_run_config``), prepare the data and tokenizers (``prepare_run``), train or resume with
+``train`` is what ``seq2seq-train`` runs on a config resolved before any work
+(``seq2seq.resolve``): prepare the data and tokenizers (``prepare_run``), train or resume with
 dev BLEU passed in as a callable (``seq2seq.training.loop.fit``), decode and score the test
 split, and write ``test.hyp``, ``test.json`` and ``summary.md`` (``seq2seq.summary``). The
 layers below never import this module: training knows steps and checkpoints, translation
@@ -17,32 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax
-
 from seq2seq import evaluation
-from seq2seq.config import (
-    Config,
-    ConfigError,
-    ModelConfig,
-    check_position_limits,
-    flatten,
-    load_config,
-    replace,
-    save_config,
-)
-from seq2seq.data import recipe
+from seq2seq.config import Config, replace, save_config
 from seq2seq.data.batching import MixedBatches
-from seq2seq.data.pipeline import (
-    MIN_DECODE_SOURCE_LEN,
-    PreparedData,
-    check_corpora,
-    check_vocabularies,
-    decode_source_limit,
-    fill_vocab_sizes,
-    prepare,
-)
-from seq2seq.data.sources import FORMATS
+from seq2seq.data.pipeline import PreparedData, decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.data.tokenizer import TokenizerPair, load_pair, model_names
+from seq2seq.resolve import Resolved, check_run_config, log_changes, resolve_config
 from seq2seq.sharding import (
     Partitioner,
     initialize_distributed,
@@ -50,227 +30,22 @@ from seq2seq.sharding import (
     main_process_first,
 )
 from seq2seq.summary import write_summary_md
-from seq2seq.training.init_from import Parent, check_init_from
-from seq2seq.training.loop import DevBleu, Interrupted, TrainingDiverged, check_train_config, fit
+from seq2seq.training.init_from import Parent
+from seq2seq.training.loop import DevBleu, Interrupted, TrainingDiverged, fit
 from seq2seq.training.metrics import MetricsWriter
-from seq2seq.training.step import abstract_train_state
-from seq2seq.translation import Translator, check_decode_config
-from seq2seq.workdir import checkpoint_steps, config_changes_path, config_path, skipped_path
+from seq2seq.translation import Translator
+from seq2seq.workdir import config_changes_path, config_path, skipped_path
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "RESUMABLE",
     "Interrupted",
     "TrainingDiverged",
-    "check_resume",
     "check_run_config",
-    "resolve_recipe",
     "dev_bleu",
     "prepare_run",
     "train",
 ]
-
-# Keys (or sections, ending in ".") that may change when a run resumes: they change how it goes
-# on, not what it is. Any other change is refused unless train.allow_config_change=true.
-RESUMABLE = (
-    "workdir",
-    "train.steps",
-    "train.token_budget",
-    "train.eval_every",
-    "train.checkpoint_every",
-    "train.log_every",
-    "train.dev_bleu",
-    "train.bleu_subset",
-    "train.bleu_beam_size",
-    "train.patience",
-    "train.keep_checkpoints",
-    "train.keep_best",
-    "train.test_checkpoint",
-    "train.max_seconds",
-    "train.time_budget",
-    "train.max_skipped_steps",
-    "train.allow_config_change",
-    "decode.",
-    "data.dev.",
-    "data.test.",
-    "data.dev",  # a list of dev/test corpora is one key
-    "data.test",
-    "mesh.",
-    "distributed.",
-)
-# Changes that move the data position: it is remapped by examples (see remap_position).
-BATCHING = ("data.max_tokens", "data.max_len", "data.packing")
-
-
-def check_run_config(config: Config) -> None:
-    """Every check that needs no data, run before any work starts (no file read or written).
-
-    ``train`` (``check_train_config``), ``decode`` (``check_decode_config``), tokenizer and
-    vocabulary settings (``check_vocabularies``), the corpus entries (``check_corpora``:
-    weights, tags, directions), ``train.init_from`` (``check_init_from``: the parent's
-    model must match), the data formats and batch arithmetic, the
-    model (built abstractly, nothing allocated, so shape errors surface here and not after
-    training the tokenizer) and the mesh (its sizes, whole heads and FFN units per ``tensor``
-    shard, batch rows divisible by ``data × fsdp``).
-
-    Raises:
-      ConfigError / MeshError / ValueError: the message names the key and value at fault.
-    """
-    check_train_config(config)
-    check_decode_config(config.decode)
-    check_vocabularies(config)
-    check_corpora(config)
-    d, m = config.data, config.model
-    for split in ("train", "dev", "test"):
-        entries = d.corpora(split)
-        for i, source in enumerate(entries):
-            if source.format not in FORMATS:
-                key = f"data.{split}.{i}" if len(entries) > 1 else f"data.{split}"
-                raise ConfigError(
-                    f"{key}.format must be one of {', '.join(FORMATS)}; got {source.format!r}"
-                )
-    if d.max_len < 2:
-        raise ConfigError(f"data.max_len must be >= 2 (a token and EOS), got {d.max_len}")
-    if d.max_tokens < 0:
-        raise ConfigError(f"data.max_tokens must be >= 0 (0 = from the corpus), got {d.max_tokens}")
-    if d.max_tokens and d.max_tokens < d.max_len:
-        raise ConfigError(
-            f"data.max_tokens={d.max_tokens} is less than one row of "
-            f"data.max_len={d.max_len} tokens"
-        )
-    if not 0 <= d.concat_pairs_to_tokens <= d.max_len:
-        raise ConfigError(
-            f"data.concat_pairs_to_tokens={d.concat_pairs_to_tokens} must be in "
-            f"[0, data.max_len={d.max_len}] (a document must fit a row; 0 = off)"
-        )
-    if m.positions == "learned" and m.max_len < d.max_len:
-        raise ConfigError(
-            f"model.positions=learned has a table of model.max_len={m.max_len} "
-            f"positions, fewer than data.max_len={d.max_len}: raise model.max_len"
-        )
-    check_position_limits(
-        config,
-        max(d.max_len, MIN_DECODE_SOURCE_LEN),
-        f"the test decode's source limit max(data.max_len, "
-        f"{MIN_DECODE_SOURCE_LEN}) up to model.max_len",
-        capped=True,
-    )
-    if m.d_model % m.num_heads:
-        raise ConfigError(
-            f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}"
-        )
-    check_attention_config(m)
-    check_init_from(config)  # the parent's model must match this one
-    vocab = m.vocab_size or config.tokenizer.vocab_size
-    abstract_train_state(
-        replace(
-            config, **{"model.vocab_size": vocab, "model.src_vocab_size": m.src_vocab_size or vocab}
-        )
-    )
-    partitioner = Partitioner.from_config(config)
-    if d.max_tokens:  # rows split over data × fsdp (0: the recipe's power of two, later)
-        partitioner.process_rows(d.max_tokens // d.max_len)
-
-
-def resolve_recipe(config: Config) -> tuple[Config, str]:
-    """``config`` with ``data.max_tokens``, ``train.steps`` and ``train.warmup_steps`` that are
-    0 and a null ``model.dropout_rate`` filled in: on resume with the run's saved values, else
-    by the recipe's rule from the training corpus (``seq2seq/data/recipe.py``); and the line
-    to log (empty: nothing chosen).
-
-    A ``train.steps`` given by the user (not 0) turns ``train.time_budget`` off: the budget
-    only chooses the steps that are left to it.
-
-    Raises:
-      DataError / FileNotFoundError: the training corpus cannot be read (only read when needed).
-    """
-    given = ""
-    if config.train.steps and config.train.time_budget:
-        given = (
-            f"train.steps={config.train.steps} is given: "
-            f"train.time_budget={config.train.time_budget:g} does not apply"
-        )
-        config = replace(config, **{"train.time_budget": 0.0})
-    if not recipe.left_to_recipe(config):
-        return config, given
-    workdir = Path(config.workdir)
-    if checkpoint_steps(workdir) and config_path(workdir).is_file():
-        saved = load_config(config_path(workdir))
-        keep = {  # the recipe's keys that this command leaves to it: the run's values
-            "data.max_tokens": (not config.data.max_tokens, saved.data.max_tokens),
-            "train.steps": (not config.train.steps, saved.train.steps),
-            "train.warmup_steps": (not config.train.warmup_steps, saved.train.warmup_steps),
-            "model.dropout_rate": (config.model.dropout_rate is None, saved.model.dropout_rate),
-        }
-        config = replace(config, **{k: old for k, (left, old) in keep.items() if left})
-    config, note = recipe.resolve(config)
-    return config, "; ".join(n for n in (note, given) if n)
-
-
-def check_attention_config(m: ModelConfig) -> None:
-    """``model.attention`` and its block sizes (``model/attention.py``).
-
-    Raises:
-      ConfigError: a block size < 1, or ``cudnn`` (cuDNN flash attention) without a GPU
-        backend; the message names the key, the value and the reason.
-    """
-    for key in ("attention_q_block", "attention_kv_block"):
-        if getattr(m, key) < 1:
-            raise ConfigError(f"model.{key} must be >= 1, got {getattr(m, key)}")
-    backend = jax.default_backend()
-    if m.attention == "cudnn" and backend != "gpu":
-        raise ConfigError(
-            f"model.attention=cudnn needs a GPU backend (cuDNN flash attention); this "
-            f"JAX backend is {backend}: use model.attention=chunked (same memory "
-            f"behaviour, any backend) or dense"
-        )
-
-
-def _resumable(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE)
-
-
-def check_resume(
-    config: Config, *, quiet: bool = False
-) -> tuple[Config | None, list[tuple[str, Any, Any]]]:
-    """Compare ``config`` with the saved ``config.yaml`` of a run that has checkpoints.
-
-    Keys in ``RESUMABLE`` may change (each change is logged); a change to any other key is
-    refused unless ``train.allow_config_change``. A vocabulary size of 0 (from the tokenizer)
-    matches the saved size. Nothing is written; ``quiet``: the changes are not logged.
-
-    Returns:
-      (the saved config, or None for a new run; the changes as ``(key, saved, new)``).
-
-    Raises:
-      ConfigError: a refused change; the message names each key with its saved and new value.
-    """
-    workdir = Path(config.workdir)
-    steps = checkpoint_steps(workdir)
-    if not steps or not config_path(workdir).is_file():
-        return None, []
-    saved = load_config(config_path(workdir))
-    old, new = flatten(saved), flatten(config)
-    changes = [
-        (k, old.get(k), v)
-        for k, v in new.items()
-        if old.get(k) != v
-        and k != "workdir"
-        and not (k in ("model.vocab_size", "model.src_vocab_size") and v == 0)
-    ]
-    refused = [c for c in changes if not _resumable(c[0])]
-    listed = "; ".join(f"{k}: {a!r} → {b!r}" for k, a, b in refused)
-    if refused and not config.train.allow_config_change:
-        raise ConfigError(
-            f"{workdir} holds a run at step {steps[-1]} whose {config_path(workdir).name} differs "
-            f"in settings that change what the run is: {listed}. Resume with the saved values, "
-            f"use another workdir, or set train.allow_config_change=true"
-        )
-    for k, a, b in [] if quiet else changes:
-        level = logging.WARNING if (k, a, b) in refused else logging.INFO
-        log.log(level, "resuming step %d with %s changed: %r → %r", steps[-1], k, a, b)
-    return saved, changes
 
 
 def dev_bleu(data: PreparedData, config: Config) -> DevBleu:
@@ -347,60 +122,46 @@ def _translate_and_score(
     return evaluation.score(hyps, references), hyps
 
 
-def prepare_run(config: Config, *, checked: bool = False) -> tuple[Config, PreparedData, Any]:
-    """Fill in the recipe's keys left at 0 (``seq2seq/data/recipe.py``), check the config
-    (and, when resuming, its changes: ``check_resume``), create the workdir, prepare the data
-    and write ``config.yaml``. With ``train.init_from`` the parent's tokenizer settings
-    replace this config's and its models are copied into the workdir (``_reuse_tokenizer``)
-    instead of training new ones.
-
-    ``checked``: the caller already ran ``resolve_recipe`` and ``check_run_config`` (they
-    are not run twice).
+def prepare_run(run: Config | Resolved) -> tuple[Config, PreparedData, Any]:
+    """Create the workdir, prepare the data and write ``config.yaml`` (its one writer) for a
+    resolved run (a ``Config`` is resolved first: ``seq2seq.resolve.resolve_config``). With
+    ``train.init_from`` the parent's models are copied into the workdir
+    (``_reuse_tokenizer``) instead of training new ones. A resume's changes are logged and
+    appended to ``config_changes.jsonl``.
 
     Returns:
-      The config with ``model.vocab_size`` filled in from the tokenizer; the data; and the
-      saved ``DataConfig`` when a resume changed the batching (``BATCHING``), else None.
+      The config; the data; and the saved ``DataConfig`` when a resume changed the batching
+      (``seq2seq.config.BATCHING``), else None.
 
     Raises:
-      ConfigError / MeshError: invalid settings (``check_run_config``), before any work.
-      ValueError: ``model.vocab_size`` disagrees with the tokenizer (and data errors, see
-        ``seq2seq.data.pipeline.prepare``).
+      ConfigError / MeshError: invalid settings (when ``run`` is a ``Config``), before any
+        work.
+      ValueError: the trained tokenizer disagrees with ``model.vocab_size`` (and data errors,
+        see ``seq2seq.data.pipeline.prepare``).
     """
-    initialize_distributed(config.distributed)  # no-op for a single process; before devices
-    if not checked:  # seq2seq-train checks before it sets up its log
-        config, note = resolve_recipe(config)
-        if note:
+    if isinstance(run, Config):
+        initialize_distributed(run.distributed)  # no-op for a single process; before devices
+        run = resolve_config(run)
+        for note in run.notes:
             log.info("%s", note)
-        check_run_config(config)
+    config, parent = run.config, run.parent
+    log_changes(run)
     workdir = Path(config.workdir)
-    parent = check_init_from(config)
-    if parent is not None:  # the parent's tokenizer settings: its models are reused
-        tok = parent.config.tokenizer
-        config = replace(
-            config,
-            tokenizer=replace(tok, model_file=None, src_model_file=None, tgt_model_file=None),
-        )
-    saved, changes = check_resume(config)  # before anything in the run directory is rewritten
     workdir.mkdir(parents=True, exist_ok=True)
     with main_process_first("prepare"):  # the tokenizer is trained once, then loaded
         reused = _reuse_tokenizer(config, parent, workdir) if parent is not None else None
         data = prepare(config, workdir, tokenizer=reused)
-    config = fill_vocab_sizes(config, data.tokenizer)
+    fill_vocab_sizes(config, data.tokenizer)  # the sizes resolved must be the models'
     if is_main_process():  # only process 0 writes files other than checkpoints
         save_config(config, config_path(workdir))
         _write_skipped(workdir, data.skipped)
-        if changes:
-            step = checkpoint_steps(workdir)[-1]
+        if run.changes:
             with config_changes_path(workdir).open("a", encoding="utf-8") as f:
-                for key, old, new in changes:
-                    f.write(
-                        json.dumps(
-                            {"step": step, "key": key, "saved": old, "new": new}, ensure_ascii=False
-                        )
-                        + "\n"
-                    )
-    remap = saved.data if saved and any(k in BATCHING for k, _, _ in changes) else None
-    return config, data, remap
+                for c in run.changes:
+                    record = {"key": c.key, "saved": c.saved, "new": c.new}
+                    line = json.dumps({"step": run.resumed_step, **record}, ensure_ascii=False)
+                    f.write(line + "\n")
+    return config, data, run.remap_data_from
 
 
 def _write_skipped(workdir: Path, skipped: list[str]) -> None:
@@ -413,15 +174,16 @@ def _write_skipped(workdir: Path, skipped: list[str]) -> None:
         path.unlink(missing_ok=True)
 
 
-def train(config: Config, *, checked: bool = False) -> dict[str, Any]:
-    """Train (or resume) the run described by ``config``, then evaluate on the test split
-    (``checked``: as in ``prepare_run``).
+def train(run: Config | Resolved) -> dict[str, Any]:
+    """Train (or resume) the run described by ``run`` (resolved, or a ``Config`` to resolve:
+    see ``prepare_run``), then evaluate on the test split.
 
     Writes ``test.hyp``, ``test.json`` (the summary below) and ``summary.md`` to the workdir.
 
     Returns:
       A summary dict: ``status`` (``finished``, ``early_stopping`` or ``max_seconds``),
-      ``step``, last ``dev`` metrics, ``best`` (metric, value, step, dev loss),
+      ``step``, ``steps`` (the run's step count: ``train.steps`` or the count
+      ``train.time_budget`` chose), last ``dev`` metrics, ``best`` (metric, value, step, dev loss),
       ``best_checkpoint``, ``test_step`` (checkpoint decoded), ``test_bleu``/``test_chrf`` with
       signatures,
       ``tokens_seen`` (real source+target tokens), ``train_seconds`` (all runs), this run's
@@ -434,11 +196,10 @@ def train(config: Config, *, checked: bool = False) -> dict[str, Any]:
       CheckpointError: the existing checkpoint does not match the configured model.
     """
     wall_start = time.perf_counter()
-    config, data, remap = prepare_run(config, checked=checked)
+    config, data, remap = prepare_run(run)
     workdir = Path(config.workdir)
     try:
         result = fit(config, data, dev_bleu=dev_bleu(data, config), remap_data_from=remap)
-        config = result.config  # train.steps as train.time_budget chose it
     except (Interrupted, TrainingDiverged) as e:
         status = "interrupted" if isinstance(e, Interrupted) else "diverged"
         if is_main_process():
@@ -500,6 +261,7 @@ def train(config: Config, *, checked: bool = False) -> dict[str, Any]:
     summary = {
         "status": result.stopped,
         "step": step,
+        "steps": p.steps(config),
         "dev": p.dev,
         "best": result.best.to_json(),
         "best_checkpoint": result.best_checkpoint,

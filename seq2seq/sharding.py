@@ -494,6 +494,7 @@ class Partitioner:
         row_axis: int = 0,
         out_shardings: Any = None,
         donate: bool = False,
+        scalars: int = 0,
     ) -> Callable:
         """``fn(x, rows)`` compiled over the mesh: the one way a step is compiled here.
 
@@ -506,10 +507,12 @@ class Partitioner:
           out_shardings: the outputs' shardings; default: replicated, so every process reads
             them without a gather (metrics, token ids, scores).
           donate: donate ``x`` (a train state updated in place).
+          scalars: ``fn`` takes this many more arguments after ``rows``, replicated (e.g. the
+            schedule's horizon: values that change without a recompilation).
         """
         return jax.jit(
             fn,
-            in_shardings=(shardings, self.rows_sharding(row_axis)),
+            in_shardings=(shardings, self.rows_sharding(row_axis), *[self.replicated] * scalars),
             out_shardings=self.replicated if out_shardings is None else out_shardings,
             donate_argnums=(0,) if donate else (),
         )

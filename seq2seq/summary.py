@@ -65,14 +65,14 @@ def summary_markdown(workdir: str | Path, config: Config, summary: dict[str, Any
         f"with `seq2seq-train --config {config_path(workdir)}` (add `train.steps=N` to go on).",
         "",
     ]
-    step = summary.get("step")
+    step, steps = summary.get("step"), summary.get("steps", t.steps)  # as the budget chose
     if status in ("interrupted", "diverged"):
         lines += [
-            f"**Status: {status} at step {step} of {t.steps}.** {summary.get('message', '')}",
+            f"**Status: {status} at step {step} of {steps}.** {summary.get('message', '')}",
             "",
         ]
     else:
-        lines += [f"**Status: {status.replace('_', ' ')} at step {step} of {t.steps}.**", ""]
+        lines += [f"**Status: {status.replace('_', ' ')} at step {step} of {steps}.**", ""]
 
     tokens = summary.get("tokens_seen")
     lines += [

@@ -12,7 +12,7 @@ import pytest
 from conftest import BOS, packed_batch, random_pairs, tiny_config
 from flax import nnx
 
-from seq2seq.config import ConfigError, load_config
+from seq2seq.config import ConfigError
 from seq2seq.model import build_model
 from seq2seq.model.attention import SegmentMask, dot_product_attention
 from seq2seq.model.positions import PositionBias, RelativePositionBias, alibi_bias
@@ -211,13 +211,12 @@ def test_chunked_memory_grows_linearly_dense_quadratically():
 
 def test_cudnn_is_refused_off_gpu_with_a_named_error(tmp_path, capsys):
     from seq2seq import cli
-    from seq2seq.run import check_run_config
+    from seq2seq.resolve import resolve
 
     if jax.default_backend() == "gpu":
         pytest.skip("a GPU backend runs cudnn")
-    config = load_config(None, [f"workdir={tmp_path}", "model.attention=cudnn"])
     with pytest.raises(ConfigError, match=r"model.attention=cudnn.*GPU.*cpu"):
-        check_run_config(config)
+        resolve(None, [f"workdir={tmp_path}", "data.max_tokens=2048", "model.attention=cudnn"])
     # the real command: exit 2, one line naming the key and the reason, nothing written
     assert cli.train_main([f"workdir={tmp_path / 'run'}", "model.attention=cudnn"]) == 2
     err = capsys.readouterr().err
@@ -234,10 +233,10 @@ def test_cudnn_is_refused_off_gpu_with_a_named_error(tmp_path, capsys):
     ],
 )
 def test_bad_attention_settings_name_the_key(tmp_path, override, message):
-    from seq2seq.run import check_run_config
+    from seq2seq.resolve import resolve
 
     with pytest.raises(ConfigError, match=message):
-        check_run_config(load_config(None, [f"workdir={tmp_path}", override]))
+        resolve(None, [f"workdir={tmp_path}", "data.max_tokens=2048", override])
 
 
 def test_attention_weights_of_a_chunked_model_come_from_the_dense_path():

@@ -48,11 +48,9 @@ def test_bad_arguments_are_named():
 
 
 def test_a_document_limit_beyond_the_row_is_refused(tmp_path):
-    from seq2seq.config import ConfigError, load_config
-    from seq2seq.run import check_run_config
+    from seq2seq.config import ConfigError
+    from seq2seq.resolve import resolve
 
-    config = load_config(
-        None, [f"workdir={tmp_path}", "data.max_len=64", "data.concat_pairs_to_tokens=65"]
-    )
+    overrides = ["data.max_len=64", "data.max_tokens=2048", "data.concat_pairs_to_tokens=65"]
     with pytest.raises(ConfigError, match=r"data.concat_pairs_to_tokens=65 must be in \[0, "):
-        check_run_config(config)
+        resolve(None, [f"workdir={tmp_path}", *overrides])

@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "seq2seq.alignment": 2,
     "seq2seq.ct2_converter": 2,
     "seq2seq.run": 3,
+    "seq2seq.resolve": 3,
     "seq2seq.summary": 3,
     "seq2seq.plots": 3,
     "seq2seq.serve": 3,

@@ -23,14 +23,13 @@ from seq2seq.config import (
     ModelConfig,
     SourceConfig,
     TokenizerConfig,
-    load_config,
     replace,
 )
-from seq2seq.data import recipe
 from seq2seq.data.batching import FIELDS, PackedBatches, real_token_share
 from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.data.tokenizer import Tokenizer, train_or_load
 from seq2seq.model import build_model
+from seq2seq.resolve import resolve
 from seq2seq.training.step import make_eval_step
 from seq2seq.translation import Translator
 
@@ -194,9 +193,6 @@ def test_separate_vocabularies_with_shared_embeddings_fail_before_reading(tmp_pa
             replace(config, **{"tokenizer.joint": True, "tokenizer.character_coverage": 0.5}),
             config.workdir,
         )
-    # a batch size left to the recipe (data.max_tokens=0) is refused before reading too
-    with pytest.raises(ConfigError, match=r"data.max_tokens=0 is left to the recipe"):
-        prepare(replace(config, **{"tokenizer.joint": True}), config.workdir)
 
 
 def test_separate_vocabularies_feed_a_model_with_two_embedding_tables(toy):
@@ -271,7 +267,8 @@ def test_packing_fills_over_90_percent_of_tokens_on_the_shipped_corpus(tmp_path)
     """The shipped settings (configs/tatoeba_en_es.yaml) on the first 20,000 training pairs,
     with the tokenizer trained on them (the full corpus is the slow test below)."""
     # the batch size the recipe picks for the whole shipped corpus (2,048 tokens)
-    config = recipe.resolve(load_config(ROOT / "configs" / "tatoeba_en_es.yaml"))[0]
+    path = ROOT / "configs" / "tatoeba_en_es.yaml"
+    config = resolve(path, [f"workdir={tmp_path}"], validate=False).config
     d = config.data
     assert d.max_tokens == 2048
     en, es = _shipped_subset("train", 20_000)
@@ -295,8 +292,7 @@ def test_packing_fills_over_90_percent_of_tokens_on_the_shipped_corpus(tmp_path)
 @pytest.mark.slow
 def test_shipped_corpus_end_to_end_share_and_cache(tmp_path):
     """prepare() on the whole shipped corpus with the shipped config, twice."""
-    config = load_config(ROOT / "configs" / "tatoeba_en_es.yaml", [f"workdir={tmp_path}"])
-    config = recipe.resolve(config)[0]  # as seq2seq-train does
+    config = resolve(ROOT / "configs" / "tatoeba_en_es.yaml", [f"workdir={tmp_path}"]).config
     first = prepare(config, tmp_path)
     s = first.stats
     assert (s["train_pairs_read"], s["dev_pairs"], s["test_pairs"]) == (136_672, 1_416, 2_780)

@@ -10,7 +10,7 @@ from tiny_run import cli_env, run, tiny_config, tiny_overrides, train_command, w
 
 from seq2seq.config import ConfigError, replace
 from seq2seq.data import recipe
-from seq2seq.run import resolve_recipe
+from seq2seq.resolve import resolve_config
 from seq2seq.training.loop import check_train_config
 
 
@@ -151,10 +151,12 @@ def test_time_budget_chooses_the_steps_at_the_end_of_the_warmup(tmp_path):
     spent = float(chosen[0].split(" s of 4 spent")[0].rsplit(" ", 1)[1])
     if spent <= 2:
         assert steps > 10, chosen[0]
+    # config.yaml is the resolved config (provisional steps): training never rewrites it
     saved = yaml.safe_load((workdir / "config.yaml").read_text(encoding="utf-8"))
-    assert saved["train"]["steps"] == steps and saved["train"]["warmup_steps"] == 8
+    assert saved["train"]["steps"] == 10 and saved["train"]["warmup_steps"] == 8
     summary = json.loads((workdir / "test.json").read_text(encoding="utf-8"))
-    assert summary["status"] == "finished" and summary["step"] == steps
+    assert summary["status"] == "finished" and summary["step"] == summary["steps"] == steps
+    assert f"at step {steps} of {steps}." in (workdir / "summary.md").read_text(encoding="utf-8")
     # the linear decay ends at the chosen step: peak · 1 / (T - W + 1) at the last step
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").open(encoding="utf-8")]
     train = [r for r in rows if r["split"] == "train"]
@@ -166,20 +168,20 @@ def test_time_budget_chooses_the_steps_at_the_end_of_the_warmup(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = (workdir / "train.log").read_text(encoding="utf-8")
     assert sum("train.time_budget=4s:" in line for line in log.splitlines()) == 1
-    saved = yaml.safe_load((workdir / "config.yaml").read_text(encoding="utf-8"))
-    assert saved["train"]["steps"] == steps
+    summary = json.loads((workdir / "test.json").read_text(encoding="utf-8"))
+    assert summary["step"] == summary["steps"] == steps
 
 
 def test_a_given_step_count_turns_the_time_budget_off(tmp_path):
     corpus = write_corpus(tmp_path / "data", train=300)
     given = tiny_config(corpus, tmp_path / "run", "train.steps=7", "train.time_budget=840")
-    config, note = resolve_recipe(given)
-    assert config.train.steps == 7 and config.train.time_budget == 0
-    assert note == "train.steps=7 is given: train.time_budget=840 does not apply"
+    run = resolve_config(given)
+    assert run.config.train.steps == 7 and run.config.train.time_budget == 0
+    assert run.notes == ("train.steps=7 is given: train.time_budget=840 does not apply",)
     left = tiny_config(corpus, tmp_path / "run", "train.steps=0", "train.time_budget=840")
-    config, note = resolve_recipe(left)  # provisional steps from the token budget
-    assert config.train.time_budget == 840 and config.train.steps > 0
-    assert "train.time_budget" not in note
+    run = resolve_config(left)  # provisional steps from the token budget
+    assert run.config.train.time_budget == 840 and run.config.train.steps > 0
+    assert not any("train.time_budget" in note for note in run.notes)
 
 
 def test_a_negative_time_budget_is_a_named_error(tmp_path):

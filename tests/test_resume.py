@@ -413,6 +413,64 @@ def test_an_added_action_runs_at_its_period_and_sees_the_step(corpus, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_time_budget_compiles_the_step_once_and_a_resume_keeps_its_horizon(
+    corpus, tmp_path, monkeypatch
+):
+    """train.time_budget sets the schedule's horizon at the end of the warmup as a value the
+    compiled step reads: one trace per run, the horizon in the checkpoint, and a run resumed
+    after the choice continues with it, bitwise as the uninterrupted run."""
+    from seq2seq.training import loop as loop_module
+    from seq2seq.training import step as step_module
+    from seq2seq.training.loop import Action
+
+    chosen = []  # the steps at which the budget chose; the count is fixed to compare runs
+
+    def choose(step, *_):
+        chosen.append(step)
+        return 14
+
+    traces = []
+    trace = step_module.accumulate_gradients
+
+    def counted(*args, **kwargs):  # runs when the train step is traced, not when it runs
+        traces.append(1)
+        return trace(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "steps_for_time_budget", choose)
+    monkeypatch.setattr(step_module, "accumulate_gradients", counted)
+    # provisional steps: token_budget / max_tokens = 10; the budget makes them 14 at step 8
+    extra = (
+        "train.steps=0",
+        "train.token_budget=2560",
+        "train.warmup_steps=8",
+        "train.schedule=linear",
+        "train.time_budget=600",
+    )
+    whole = _fit(corpus, tmp_path / "whole", *extra)
+    assert int(whole.state.step) == 14 and chosen == [8] and len(traces) == 1
+    train = [r for r in read_metrics(tmp_path / "whole") if r["split"] == "train"]
+    assert train[-1]["step"] == 14  # the linear decay ends at the chosen step
+    assert np.isclose(train[-1]["learning_rate"], 2e-3 / (14 - 8 + 1), rtol=1e-5)
+
+    split = tmp_path / "split"
+    halt = Action("halt", 10, lambda loop: setattr(loop, "stopped", "max_seconds"), at_end=False)
+    config, data, _ = prepare_run(_config(corpus, split, *extra))
+    assert config.train.steps == 10 and config.train.time_budget == 600
+    first = fit(config, data, actions=[halt])
+    assert int(first.state.step) == 10 and chosen == [8, 8] and len(traces) == 2
+    ck = Checkpointer(checkpoint_dir(split))
+    assert ck.metadata(10)["horizon"] == 14
+    ck.close()
+    resumed = _fit(corpus, split, *extra)
+    assert chosen == [8, 8] and len(traces) == 3  # not chosen again; one trace per run
+    assert int(resumed.state.step) == 14
+    assert_trees_equal(whole.state.params, resumed.state.params)
+    assert_trees_equal(whole.state.opt_state, resumed.state.opt_state)
+    # training never rewrites config.yaml: it keeps the provisional count
+    assert load_config(split / "config.yaml").train.steps == 10
+
+
+@pytest.mark.slow
 def test_resume_refuses_settings_that_change_the_run_and_remaps_data_on_request(
     corpus, tmp_path, capsys
 ):

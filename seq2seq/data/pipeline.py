@@ -326,20 +326,14 @@ def prepare(
     ``seq2seq.run``) are loaded, never trained.
 
     Raises:
-      ConfigError: ``data.max_tokens`` left at 0 (unresolved recipe), tokenizer settings that
-        cannot work (see ``check_vocabularies``), or a tag that is not one piece of a given
-        tokenizer.
+      ConfigError: tokenizer settings that cannot work (see ``check_vocabularies``), or a
+        tag that is not one piece of a given tokenizer.
       DataError: a split cannot be read (see ``seq2seq.data.sources``).
       TokenizerError: a tokenizer cannot be trained or loaded.
       ValueError: no training pair survives the filters.
     """
     d = config.data
     check_vocabularies(config)
-    if d.max_tokens <= 0:
-        raise ConfigError(
-            f"data.max_tokens={d.max_tokens} is left to the recipe: resolve the config first "
-            "(seq2seq.data.recipe.resolve, as seq2seq-train does) or set data.max_tokens"
-        )
     start = time.perf_counter()
     skipped: list[str] = []
     train_ds, dev_ds = _read(config, "train", skipped), _read(config, "dev", skipped)

@@ -14,8 +14,10 @@ frequent updates. The rule, for every key left at 0 in the config:
   for the shipped 137k pairs, so 0.1; 16.5 for 20k pairs, so 0.3. A corpus seen many times
   is memorised, and residual dropout is what holds that back.
 
-With ``train.time_budget`` (seconds) the steps above are provisional: at the end of the warmup
-the training loop replaces them by ``steps_for_time_budget``, the count that fills the budget at
+The config is resolved once, before any work (``seq2seq/resolve.py``): a resumed run keeps its
+saved values, the rest come from ``resolve`` here. With ``train.time_budget`` (seconds) the
+steps above are provisional: at the end of the warmup a training action sets the run's end
+and the schedule's horizon to ``steps_for_time_budget``, the count that fills the budget at
 the speed measured so far.
 
 ``pairs`` and the target-side words (split at whitespace) count every training pair read (after

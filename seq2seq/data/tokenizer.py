@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from seq2seq.config import TokenizerConfig
+from seq2seq.config import TokenizerConfig, choices
 
 log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-MODEL_TYPES = ("unigram", "bpe")
-NORMALIZATIONS = ("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity")
+MODEL_TYPES = choices("tokenizer.model_type")  # from the schema (seq2seq/config.py)
+NORMALIZATIONS = choices("tokenizer.normalization")
 BYTE_PIECES = 256  # what byte_fallback adds to the vocabulary
 # The options that change what training produces; the reuse hash covers exactly these, so
 # e.g. pointing ``tgt_model_file`` at a file does not retrain the source model.

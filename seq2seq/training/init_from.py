@@ -1,8 +1,9 @@
 """Fine-tuning: a run that starts from the weights of a trained run (``train.init_from``).
 
 The parent is a run directory (its newest checkpoint) or one checkpoint directory
-``<workdir>/checkpoints/<step>``. Its model settings must match this run's (the dropout
-rates, ``model.dtype`` and ``model.matmul_dtype`` may differ: they change no parameter); the
+``<workdir>/checkpoints/<step>``. Its model settings must match this run's (those whose
+rule in the schema is ``free`` may differ: the dropout rates, ``model.dtype``,
+``model.matmul_dtype`` and the attention kernel and its blocks change no parameter); the
 first key that differs is named with both values. The new run loads the parent's parameters
 and, with ``train.init_optimizer``, its optimizer state; everything else (step 0, RNG from
 ``train.seed``, data position, counters, best-checkpoint bookkeeping, the EMA, which starts
@@ -21,7 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from seq2seq.config import Config, ConfigError, ModelConfig, load_config, replace
+from seq2seq.config import FIXED, FREE, Config, ConfigError, ModelConfig, load_config, replace
 from seq2seq.model import build_model
 from seq2seq.sharding import Partitioner
 from seq2seq.training.checkpoints import Checkpointer, _path
@@ -30,13 +31,10 @@ from seq2seq.workdir import checkpoint_dir, checkpoint_steps, config_path
 
 log = logging.getLogger(__name__)
 
-# Model settings a fine-tuning run may change: they change no parameter shape or meaning.
-FREE_MODEL_KEYS = (
-    "dropout_rate",
-    "attention_dropout_rate",
-    "activation_dropout_rate",
-    "dtype",
-    "matmul_dtype",
+# Model settings a fine-tuning run may change (their rule in the schema, seq2seq/config.py):
+# they change no parameter shape or meaning.
+FREE_MODEL_KEYS = tuple(
+    f.name for f in dataclasses.fields(ModelConfig) if f.metadata["rule"].finetune == FREE
 )
 
 
@@ -130,7 +128,7 @@ def check_init_from(config: Config) -> Parent | None:
             "src_model_file and tgt_model_file unset"
         )
     for f in dataclasses.fields(ModelConfig):
-        if f.name in FREE_MODEL_KEYS:
+        if f.metadata["rule"].finetune != FIXED:
             continue
         have, want = getattr(parent.config.model, f.name), getattr(config.model, f.name)
         if f.name in ("vocab_size", "src_vocab_size") and want == 0:

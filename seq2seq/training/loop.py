@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from seq2seq.config import Config, ConfigError, replace, save_config
+from seq2seq.config import Config, ConfigError
 from seq2seq.data.batching import MixedBatches, PackedBatches
 from seq2seq.data.pipeline import PreparedData
 from seq2seq.data.recipe import steps_for_time_budget
@@ -42,7 +42,7 @@ from seq2seq.training.step import (
     make_optimizer,
     sharded_train_step,
 )
-from seq2seq.workdir import checkpoint_dir, config_path
+from seq2seq.workdir import checkpoint_dir
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +278,8 @@ class Progress:
       schedule_offset: optimizer updates made before this run's step 0 (the parent's step
         with ``train.init_from`` and ``train.init_optimizer``): the learning rate logged at
         step k is the schedule's at ``k + schedule_offset``.
+      horizon: the step count ``train.time_budget`` chose at the end of the warmup (the run's
+        end and the schedule's horizon); None: not chosen, ``train.steps`` holds.
     """
 
     step: int
@@ -291,6 +293,7 @@ class Progress:
     dev: dict[str, float] = field(default_factory=dict)
     last_saved: int | None = None
     schedule_offset: int = 0
+    horizon: int | None = None
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any] | None, step: int, config: Config) -> Progress:
@@ -309,7 +312,12 @@ class Progress:
             dev=dict(meta.get("dev", {})),
             last_saved=step if resumed else None,
             schedule_offset=int(meta.get("schedule_offset", 0)),
+            horizon=meta.get("horizon") if t.time_budget else None,
         )
+
+    def steps(self, config: Config) -> int:
+        """The run's step count: ``horizon`` when chosen, else ``train.steps``."""
+        return config.train.steps if self.horizon is None else self.horizon
 
     def to_meta(self, batches: PackedBatches | MixedBatches) -> dict[str, Any]:
         """JSON metadata for a checkpoint at ``step`` (with the data epoch, for people, and the
@@ -332,6 +340,7 @@ class Progress:
             "dev": self.dev,
             "best": self.best.to_json(),
             "schedule_offset": self.schedule_offset,
+            **({} if self.horizon is None else {"horizon": self.horizon}),
         }
 
 
@@ -348,7 +357,6 @@ class FitResult:
       best_checkpoint: the step of the kept best checkpoint, or None.
       test_params / test_step: the parameters chosen by ``train.test_checkpoint`` and their step.
       partitioner: the run's mesh and sharding rules.
-      config: the run's config at the end (``train.steps`` as ``train.time_budget`` chose it).
     """
 
     graphdef: Any
@@ -361,7 +369,6 @@ class FitResult:
     test_params: Any
     test_step: int
     partitioner: Partitioner
-    config: Config
 
     @property
     def best(self) -> BestTracker:
@@ -464,12 +471,12 @@ def fit(
                 if writer.dropped
                 else "",
             )
-        if progress.step > tcfg.steps:
+        if progress.step > progress.steps(config):
             log.warning(
                 "the run is at step %d, past train.steps=%d: nothing to train (raise "
                 "train.steps to go on)",
                 progress.step,
-                tcfg.steps,
+                progress.steps(config),
             )
         n_params = sum(x.size for x in jax.tree.leaves(state.params))
         log.info(
@@ -479,7 +486,7 @@ def fit(
             data.train.rows,
             data.train.max_len,
         )
-        state, stopped, config = _train_loop(
+        state, stopped = _train_loop(
             config,
             data,
             graphdef,
@@ -505,7 +512,6 @@ def fit(
             test_params,
             test_step,
             partitioner,
-            config,
         )
 
 
@@ -524,6 +530,10 @@ class Loop:
       stopped: set by an action to end the loop after this step: ``early_stopping``,
         ``max_seconds`` or ``signal``.
       signum: the signal agreed on by all processes (``stop``), or None.
+      horizon: with ``train.time_budget``, ``progress.steps`` as the replicated int32 scalar
+        the compiled step reads (the schedule's horizon; None without a time budget).
+      first: ``(step, train seconds)`` after this process's first step (its compilation
+        done): where ``train.time_budget`` measures the speed from.
     """
 
     config: Config
@@ -543,6 +553,20 @@ class Loop:
     new_best: float | None = None
     stopped: str | None = None
     signum: int | None = None
+    horizon: Any = None
+    first: tuple[int, float] | None = None
+
+    @property
+    def steps(self) -> int:
+        """The run's step count (``Progress.steps``)."""
+        return self.progress.steps(self.config)
+
+    def set_horizon(self, steps: int | None) -> None:
+        """Make ``steps`` the run's step count and the schedule's horizon (no recompilation)."""
+        self.progress.horizon = steps
+        self.horizon = jax.device_put(np.int32(self.steps), self.partitioner.replicated)
+        self.bar.total = self.steps
+        self.bar.refresh()
 
     def save(self) -> None:
         """Checkpoint the state at this step (with ``new_best`` as its metric)."""
@@ -572,7 +596,7 @@ def log_train(loop: Loop) -> None:
     row = _train_row(
         loop.pending,
         p.step + p.schedule_offset,
-        learning_rate_schedule(c),
+        learning_rate_schedule(c, p.horizon),
         loop.window_real,
         time.perf_counter() - loop.window_start,
         loop.data.train,
@@ -662,16 +686,43 @@ def stop_requested(loop: Loop) -> None:
         log.warning(
             "stopping at step %d of %d: train.max_seconds=%s reached",
             p.step,
-            c.steps,
+            loop.steps,
             c.max_seconds,
         )
 
 
+def time_budget(loop: Loop) -> None:
+    """``train.time_budget`` at the end of the warmup: the run's step count (and the schedule's
+    horizon) becomes ``steps_for_time_budget`` at the speed measured since this process's first
+    step, agreed by all processes, logged and shown by the progress bar. A run resumed after
+    the warmup keeps the count its checkpoint holds."""
+    p, c = loop.progress, loop.config.train
+    if p.step != c.warmup_steps or p.horizon is not None or loop.first is None:
+        return
+    first, seconds = loop.first, p.train_seconds
+    steps = agree_on_steps(steps_for_time_budget(p.step, seconds, *first, c.time_budget))
+    log.info(
+        "train.time_budget=%gs: %.3f s/step over steps %d-%d, %.0f s of %g spent; "
+        "train.steps=%d (was %d)",
+        c.time_budget,
+        (seconds - first[1]) / max(p.step - first[0], 1),
+        first[0] + 1,
+        p.step,
+        seconds,
+        c.time_budget,
+        steps,
+        loop.steps,
+    )
+    loop.set_horizon(steps)
+
+
 def default_actions(config: Config, extra: Sequence[Action] = ()) -> list[Action]:
-    """The loop's actions in order: log, evaluate, checkpoint, ``extra``, early stopping, the
-    stop check."""
+    """The loop's actions in order: the time budget (with ``train.time_budget``), log,
+    evaluate, checkpoint, ``extra``, early stopping, the stop check."""
     t = config.train
+    budget = [Action("time_budget", max(t.warmup_steps, 1), time_budget, at_end=False)]
     return [
+        *(budget if t.time_budget else []),
         Action("log", t.log_every, log_train),
         Action("evaluate", t.eval_every, evaluate),
         Action("checkpoint", t.checkpoint_every, checkpoint),
@@ -692,34 +743,29 @@ def _train_loop(
     dev_bleu: DevBleu | None,
     partitioner: Partitioner,
     extra_actions: Sequence[Action] = (),
-) -> tuple[Any, str, Config]:
+) -> tuple[Any, str]:
     """The driver: run steps and, after each, the actions that are due; returns (state, why
-    stopped, the config: ``train.steps`` may have been chosen by ``train.time_budget``)."""
+    stopped). The step is compiled once; with ``train.time_budget`` it reads the schedule's
+    horizon as an argument (``Loop.horizon``), which the ``time_budget`` action sets."""
     tcfg, p, accum = config.train, progress, config.train.grad_accum_steps
     shardings = partitioner.shardings(abstract_train_state(config)[1])
-
-    def compile_step(tcfg):
-        # micro-batches [accum, rows, length]: rows (axis 1) are split over data × fsdp
-        return sharded_train_step(
-            partitioner,
-            shardings,
-            graphdef,
-            make_optimizer(tcfg),
-            bos_id=data.tokenizer.bos_id,
-            label_smoothing=tcfg.label_smoothing,
-            row_axis=1,
-            ema_decay=tcfg.ema_decay,
-        )
-
-    sharded_step = compile_step(tcfg)
-    # train.time_budget: the step count is chosen when this process reaches the end of the
-    # warmup, from the speed measured since its own first step (after that step's compilation)
-    budget_due = bool(tcfg.time_budget) and p.step < tcfg.warmup_steps
-    first: tuple[int, float] | None = None
+    runtime_horizon = bool(tcfg.time_budget)
+    # micro-batches [accum, rows, length]: rows (axis 1) are split over data × fsdp
+    sharded_step = sharded_train_step(
+        partitioner,
+        shardings,
+        graphdef,
+        make_optimizer(tcfg),
+        bos_id=data.tokenizer.bos_id,
+        label_smoothing=tcfg.label_smoothing,
+        row_axis=1,
+        ema_decay=tcfg.ema_decay,
+        runtime_horizon=runtime_horizon,
+    )
     evaluate_dev = dev_evaluator(graphdef, shardings.params, data, config, partitioner, dev_bleu)
     actions = default_actions(config, extra_actions)
     bar = tqdm(
-        total=tcfg.steps,
+        total=p.steps(config),
         initial=p.step,
         desc="train",
         unit="step",
@@ -730,6 +776,9 @@ def _train_loop(
     loop = Loop(
         config, data, graphdef, partitioner, checkpointer, writer, evaluate_dev, bar, state, p
     )
+    if runtime_horizon:
+        loop.set_horizon(p.horizon)
+    horizon = (loop.horizon,) if runtime_horizon else ()
     # Each step's skip flag is read on the host one step late, after the next step has been
     # dispatched, so that the host never waits for the device between steps; an action that
     # needs the state (log, evaluate, checkpoint, extras) first reads every flag.
@@ -737,29 +786,24 @@ def _train_loop(
     skips = _SkipCounter(int(loop.state.skipped), tcfg.max_skipped_steps)
     with _StopFlag() as stop, contextlib.closing(bar):
         loop.stop_flag = stop
-        batch = train_batch(data.train, p.micro_batches, accum) if p.step < tcfg.steps else None
-        while p.step < tcfg.steps:
-            assert batch is not None  # None only when no step is left to run
+        batch = train_batch(data.train, p.micro_batches, accum) if p.step < loop.steps else None
+        while p.step < loop.steps:
+            if batch is None:  # the time budget raised the step count past the prepared ones
+                batch = train_batch(data.train, p.micro_batches, accum)
             t0 = time.perf_counter()
             target = int((batch["tgt_segments"] > 0).sum())
             real = target + int((batch["src_segments"] > 0).sum())
-            loop.state, m = sharded_step(loop.state, partitioner.shard_batch(batch, row_axis=1))
+            loop.state, m = sharded_step(
+                loop.state, partitioner.shard_batch(batch, row_axis=1), *horizon
+            )
             p.step, p.micro_batches = p.step + 1, p.micro_batches + accum
-            if budget_due and first is None:
-                first = (p.step, p.train_seconds + time.perf_counter() - t0)
-            if budget_due and p.step == tcfg.warmup_steps:
-                assert first is not None
-                budget_due = False
-                _steps_from_time_budget(loop, first, p.train_seconds + time.perf_counter() - t0)
-                tcfg = loop.config.train
-                sharded_step = compile_step(tcfg)  # the decay's new end: one more compilation
-            if p.step < tcfg.steps:  # prepared on the host while the device computes
-                batch = train_batch(data.train, p.micro_batches, accum)
+            # prepared on the host while the device computes
+            batch = train_batch(data.train, p.micro_batches, accum) if p.step < loop.steps else None
             loop.pending.append(m)
             loop.window_real += real
             p.tokens_seen += real
             p.target_tokens_seen += target
-            last = p.step == tcfg.steps
+            last = p.step == loop.steps
             skips.unread.append((p.step, m["skipped"]))
             needs_state = last or any(
                 a.due(p.step, last) for a in actions if a.name not in host_only
@@ -767,13 +811,16 @@ def _train_loop(
             skips.read(p, keep_newest=not needs_state)
             bar.update(1)
             p.train_seconds += time.perf_counter() - t0
+            if loop.first is None:
+                loop.first = (p.step, p.train_seconds)
 
             loop.new_best = None
-            for action in actions:
-                if action.due(p.step, last):
+            for action in actions:  # "last" as it stands: the time budget may have moved it
+                if action.due(p.step, p.step == loop.steps):
                     action.run(loop)
                     if loop.stopped:
                         break
+            horizon = (loop.horizon,) if runtime_horizon else ()
             if loop.stopped:
                 break
         skips.read(p, keep_newest=False)
@@ -786,32 +833,7 @@ def _train_loop(
         if signum is not None:
             raise Interrupted(p.step, signum)
     stopped = loop.stopped if loop.stopped in ("early_stopping", "max_seconds") else "finished"
-    return loop.state, stopped, loop.config
-
-
-def _steps_from_time_budget(loop: Loop, first: tuple[int, float], seconds: float) -> None:
-    """``train.time_budget`` at the end of the warmup: ``loop.config.train.steps`` becomes
-    ``steps_for_time_budget`` (agreed by all processes), logged, written to ``config.yaml``
-    and shown by the progress bar."""
-    p, c = loop.progress, loop.config.train
-    steps = agree_on_steps(steps_for_time_budget(p.step, seconds, *first, c.time_budget))
-    log.info(
-        "train.time_budget=%gs: %.3f s/step over steps %d-%d, %.0f s of %g spent; "
-        "train.steps=%d (was %d)",
-        c.time_budget,
-        (seconds - first[1]) / max(p.step - first[0], 1),
-        first[0] + 1,
-        p.step,
-        seconds,
-        c.time_budget,
-        steps,
-        c.steps,
-    )
-    loop.config = replace(loop.config, **{"train.steps": steps})
-    if is_main_process():
-        save_config(loop.config, config_path(loop.config.workdir))
-    loop.bar.total = steps
-    loop.bar.refresh()
+    return loop.state, stopped
 
 
 class _SkipCounter:

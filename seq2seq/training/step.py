@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from seq2seq.config import Config, ConfigError, TrainConfig
+from seq2seq.config import Config, TrainConfig, choices
 from seq2seq.model import build_model
 from seq2seq.sharding import Partitioner
 
@@ -57,46 +57,59 @@ class TrainState:
         return self.params if self.ema is None else self.ema
 
 
-SCHEDULES = ("rsqrt", "linear")
+SCHEDULES = choices("train.schedule")  # from the schema (seq2seq/config.py)
 
 
-def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
+def learning_rate_schedule(config: TrainConfig, horizon: Any = None) -> optax.Schedule:
     """Linear warmup to ``learning_rate``, then the decay ``train.schedule`` names.
 
     For optimizer step n = count + 1 (optax counts the updates already made from 0, so step 1
-    trains at peak / warmup, not at 0), with W = ``warmup_steps`` and T = ``steps``:
+    trains at peak / warmup, not at 0), with W = ``warmup_steps`` and T = the horizon
+    (``horizon``: an int or an int32 scalar array, e.g. the step count ``train.time_budget``
+    chose at run time; None: ``steps``):
 
     * ``rsqrt``: peak · min(n / W, sqrt(W / n)) — Vaswani et al. 2017, eq. 3, with the peak
       set directly instead of through d_model^-0.5;
     * ``linear``: peak · min(n / W, (T - n + 1) / (T - W + 1)), clipped at 0 — a linear decay
       that reaches peak / (T - W + 1) at the last step and 0 after it (the "linear decay to
       zero" of fairseq's ``polynomial_decay`` and of BERT).
-
-    Raises (when the schedule is evaluated, not when it is built, so that a config whose
-    recipe is not resolved yet can still describe an optimizer state):
-      ConfigError: ``linear`` with ``steps`` = 0, the recipe's value before
-        ``seq2seq.data.recipe.resolve`` (the rate would be 0 after the warmup).
     """
+    return functools.partial(_learning_rate, config, horizon=horizon)
+
+
+def _learning_rate(config: TrainConfig, count: Any, horizon: Any = None) -> jax.Array:
+    """The rate of ``learning_rate_schedule`` after ``count`` updates (float32 scalar)."""
     warmup = max(config.warmup_steps, 1)
     peak = config.learning_rate
-    total = max(config.steps, warmup)
-    linear = config.schedule == "linear"
-
-    def schedule(count):
-        if linear and config.steps <= 0:
-            raise ConfigError(
-                "train.schedule=linear with train.steps=0: the decay needs the total step "
-                "count; resolve the recipe first (seq2seq.data.recipe.resolve, as "
-                "seq2seq-train does) or set train.steps"
-            )
-        n = jnp.asarray(count, jnp.float32) + 1.0
-        if linear:
-            decay = jnp.clip((total - n + 1.0) / (total - warmup + 1.0), 0.0, 1.0)
+    n = jnp.asarray(count, jnp.float32) + 1.0
+    if config.schedule == "linear":
+        if horizon is None:
+            total: Any = max(config.steps, warmup)
         else:
-            decay = jnp.sqrt(warmup / n)
-        return peak * jnp.minimum(n / warmup, decay)
+            total = jnp.maximum(jnp.asarray(horizon, jnp.float32), float(warmup))
+        decay = jnp.clip((total - n + 1.0) / (total - warmup + 1.0), 0.0, 1.0)
+    else:
+        decay = jnp.sqrt(warmup / n)
+    return peak * jnp.minimum(n / warmup, decay)
 
-    return schedule
+
+def scale_by_schedule(config: TrainConfig) -> optax.GradientTransformationExtraArgs:
+    """``optax.scale_by_learning_rate(learning_rate_schedule(config))`` whose horizon may be
+    given at run time: ``update(..., horizon=T)`` (an int32 scalar, traced, so a compiled
+    step serves every horizon); without it, ``train.steps``. Its state is optax's
+    ``ScaleByScheduleState`` (the update count), so optimizer states are unchanged."""
+
+    def init_fn(params: Any) -> optax.ScaleByScheduleState:
+        del params
+        return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+    def update_fn(updates, state, params=None, *, horizon=None, **extra):
+        del params, extra
+        step_size = -1 * _learning_rate(config, state.count, horizon)
+        updates = jax.tree.map(lambda g: jnp.array(step_size, dtype=g.dtype) * g, updates)
+        return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def _decay_mask(params: Any) -> Any:
@@ -104,19 +117,21 @@ def _decay_mask(params: Any) -> Any:
     return jax.tree.map(lambda p: p.ndim > 1, params)
 
 
-def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """AdamW (Loshchilov & Hutter 2019) with the schedule above and global-norm clipping."""
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformationExtraArgs:
+    """AdamW (Loshchilov & Hutter 2019) with the schedule above and global-norm clipping.
+
+    ``optax.adamw``'s own chain (Adam scaling, decoupled weight decay on matrices, the
+    learning rate) with the rate from ``scale_by_schedule``, so that ``update`` takes the
+    schedule's horizon as ``horizon=`` (see there); the state is ``optax.adamw``'s.
+    """
     parts = []
     if config.clip_norm > 0:
         parts.append(optax.clip_by_global_norm(config.clip_norm))
     parts.append(
-        optax.adamw(
-            learning_rate_schedule(config),
-            b1=config.b1,
-            b2=config.b2,
-            eps=config.eps,
-            weight_decay=config.weight_decay,
-            mask=_decay_mask,
+        optax.chain(
+            optax.scale_by_adam(b1=config.b1, b2=config.b2, eps=config.eps),
+            optax.add_decayed_weights(config.weight_decay, _decay_mask),
+            scale_by_schedule(config),
         )
     )
     return optax.chain(*parts)
@@ -318,14 +333,18 @@ def make_train_step(
       ema_decay: when ``state.ema`` is kept, it becomes ``ema_update(ema, new params,
         ema_decay)`` after a good step (a skipped step leaves it unchanged).
 
-    The returned function takes ``state`` and int32 arrays ``batch`` ``[rows, max_len]`` (one
+    The returned function takes ``state``, int32 arrays ``batch`` ``[rows, max_len]`` (one
     batch) or ``[accum, rows, max_len]`` (``accum`` micro-batches, see
-    ``seq2seq.data.batching``), and returns the new state and float32 metrics: sums ``loss``,
-    ``nll``, ``correct``, ``tokens`` over all micro-batches, ``grad_norm`` (global L2 norm of
-    the per-token gradient, before clipping), ``skipped`` (1.0 if this step was skipped).
+    ``seq2seq.data.batching``) and optionally ``horizon``, the schedule's horizon (an int32
+    scalar given to ``tx.update`` as ``horizon=``, see ``scale_by_schedule``), and returns
+    the new state and float32 metrics: sums ``loss``, ``nll``, ``correct``, ``tokens`` over
+    all micro-batches, ``grad_norm`` (global L2 norm of the per-token gradient, before
+    clipping), ``skipped`` (1.0 if this step was skipped).
     """
 
-    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+    def train_step(
+        state: TrainState, batch: Batch, horizon: Any = None
+    ) -> tuple[TrainState, Metrics]:
         if param_layout is not None:
             state = dataclasses.replace(
                 state, params=jax.lax.with_sharding_constraint(state.params, param_layout)
@@ -342,7 +361,8 @@ def make_train_step(
         )
         grad_norm = optax.tree_utils.tree_norm(grads)
         ok = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
-        updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+        extra = {} if horizon is None else {"horizon": horizon}
+        updates, new_opt_state = tx.update(grads, state.opt_state, state.params, **extra)
         new_params = optax.apply_updates(state.params, updates)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
         new_state = dataclasses.replace(
@@ -386,7 +406,8 @@ def sharded_train_step(
     label_smoothing: float,
     row_axis: int = 0,
     ema_decay: float = 0.0,
-) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    runtime_horizon: bool = False,
+) -> Callable[..., tuple[TrainState, Metrics]]:
     """``make_train_step`` compiled over ``partitioner``'s mesh, as the training loop runs it.
 
     The state comes in and goes out with ``shardings`` (``partitioner.shardings`` of the
@@ -394,6 +415,8 @@ def sharded_train_step(
     parameters) and is donated; its parameters compute gathered over ``fsdp``; the batch's
     rows (axis ``row_axis``: 1 for micro-batches ``[accum, rows, length]``) are split over
     ``data × fsdp``; the metrics come out replicated. ``ema_decay``: see ``make_train_step``.
+    ``runtime_horizon``: the step takes a third argument, the schedule's horizon (a replicated
+    int32 scalar; one executable for every value).
     """
     train_step = make_train_step(
         graphdef,
@@ -409,4 +432,5 @@ def sharded_train_step(
         row_axis=row_axis,
         donate=True,
         out_shardings=(shardings, partitioner.replicated),
+        scalars=1 if runtime_horizon else 0,
     )
