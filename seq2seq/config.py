@@ -320,8 +320,9 @@ class TrainConfig:
       dev_bleu: also decode dev sentences and score them with sacreBLEU at each evaluation.
       bleu_subset: decode only the first N dev sentences for dev BLEU (0 = all of them).
       bleu_beam_size: beam size for dev BLEU (1 = greedy; 0 = ``decode.beam_size``).
-      best_metric: ``bleu`` (dev BLEU, higher is better; needs ``dev_bleu``) or ``loss`` (dev
-        loss, lower is better): selects the best checkpoint and drives early stopping.
+      best_metric: ``bleu`` (dev BLEU, higher is better; needs ``dev_bleu``), ``chrf`` (dev
+        chrF, sacreBLEU's chrF2, higher is better; needs ``dev_bleu``) or ``loss`` (dev loss,
+        lower is better): selects the best checkpoint and drives early stopping.
       keep_checkpoints: how many recent checkpoints are kept.
       keep_best: also keep the checkpoint with the best ``best_metric`` (a checkpoint is saved
         at every evaluation that improves it).
