@@ -337,7 +337,9 @@ class TrainConfig:
         speed measured over the warmup (``seq2seq.data.recipe.steps_for_time_budget``), so a
         ``linear`` decay ends with the budget; the chosen count is logged and written to
         ``config.yaml``, and from then on the run is an ordinary step-budget run (a resume
-        keeps the count). The run's length then depends on the machine's speed.
+        keeps the count). The run's length then depends on the machine's speed. A given
+        ``warmup_steps`` longer than the recipe's provisional steps raises them to it (the
+        budget would otherwise never be applied).
       init_from: start from the weights of a trained run (a workdir: its newest checkpoint, or
         a checkpoint directory ``<workdir>/checkpoints/<step>``) instead of a random init,
         reusing its SentencePiece model(s) (copied into this workdir, not retrained); the model

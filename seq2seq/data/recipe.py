@@ -14,9 +14,10 @@ frequent updates. The rule, for every key left at 0 in the config:
   for the shipped 137k pairs, so 0.1; 16.5 for 20k pairs, so 0.3. A corpus seen many times
   is memorised, and residual dropout is what holds that back.
 
-With ``train.time_budget`` (seconds) the steps above are provisional: at the end of the warmup
-the training loop replaces them by ``steps_for_time_budget``, the count that fills the budget at
-the speed measured so far.
+With ``train.time_budget`` (seconds) the steps above are provisional, and at least a given
+``train.warmup_steps`` (so that the run reaches the end of its warmup): there the training loop
+replaces them by ``steps_for_time_budget``, the count that fills the budget at the speed
+measured so far.
 
 ``pairs`` and the target-side words (split at whitespace) count every training pair read (after
 empty pairs are skipped, before the length filters), summed over the corpora of a
@@ -115,6 +116,10 @@ def resolve(config: Config, corpus: CorpusSize | None = None) -> tuple[Config, s
     if not steps:
         per_step = max_tokens * max(t.grad_accum_steps, 1)
         steps = changes["train.steps"] = max(1, round(t.token_budget / per_step))
+        if t.time_budget and t.warmup_steps > steps:
+            # provisional: train.time_budget chooses the count at the end of the warmup, which
+            # a shorter provisional run would never reach (the budget silently ignored)
+            steps = changes["train.steps"] = t.warmup_steps
     if not t.warmup_steps:
         changes["train.warmup_steps"] = max(1, round(WARMUP_FRACTION * steps))
     if config.model.dropout_rate is None:
@@ -127,6 +132,11 @@ def resolve(config: Config, corpus: CorpusSize | None = None) -> tuple[Config, s
         else ""
     )
     chosen = ", ".join(f"{k}={v}" for k, v in changes.items())
+    if t.time_budget and not t.steps and t.warmup_steps == steps:
+        chosen += (
+            f" (provisional, raised to train.warmup_steps: train.time_budget={t.time_budget:g} "
+            "chooses the step count at the end of the warmup)"
+        )
     return replace(config, **changes), f"recipe{told}: {chosen}"
 
 
