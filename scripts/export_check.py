@@ -83,10 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ids = [list(h[0].tokens) for h in ours]
     same = [o == t for o, (t, _) in zip(ids, theirs)]
-    limits = [
-        int(-(-(decode.max_len_a * len(x) + decode.max_len_b) // 1))
-        for x in tokenizer.encode(sources)
-    ]
+    limits = [decode.output_limit(len(x)) for x in tokenizer.encode(sources)]
     free = [
         i for i, o in enumerate(ids) if len(o) + 1 < limits[i] and len(theirs[i][0]) + 1 < limits[i]
     ]

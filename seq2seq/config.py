@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -405,7 +406,8 @@ class DecodeConfig:
       beam_size: hypotheses kept per sentence (1 = greedy search).
       alpha: length-penalty exponent (≥ 0).
       length_penalty: ``gnmt`` ((5+|Y|)/6)^α, ``plain`` |Y|^α or ``none``.
-      max_len_a / max_len_b: output length limit ``a · |source| + b`` tokens (EOS included).
+      max_len_a / max_len_b: output length limit ``ceil(a · |source| + b)`` tokens (EOS
+        included; ``output_limit``).
       min_length: at least this many tokens before EOS (0 = no minimum; the maximum wins).
       max_tokens: source-token budget per decoding batch.
       test_limit: decode only the first N test sentences at the end of training (0 = all).
@@ -432,6 +434,12 @@ class DecodeConfig:
     top_p: float = 1.0
     seed: int = 0
     allow_unk: bool = False
+
+    def output_limit(self, source_tokens: int) -> int:
+        """Output length limit in tokens, EOS included, for a source of ``source_tokens``
+        tokens (EOS included): ``ceil(max_len_a · source_tokens + max_len_b)``, rounded to 1e-9
+        first (so 0.1 · 30 is 3). The one rule of the search, its buckets and the export."""
+        return math.ceil(round(self.max_len_a * source_tokens + self.max_len_b, 9))
 
 
 @dataclass(frozen=True)
@@ -584,7 +592,7 @@ def check_position_limits(
 ) -> None:
     """Decoding lengths must fit a ``learned`` position table (``model.max_len`` rows; the
     other schemes have no limit): sources of up to S tokens and outputs of up to
-    ``int(decode.max_len_a · S + decode.max_len_b)`` tokens, where S is ``source_limit``
+    ``decode.output_limit(S)`` tokens, where S is ``source_limit``
     (set by ``source_key``), or ``min(source_limit, model.max_len)`` when ``capped``. A gather
     past the table would be clamped silently.
 
@@ -602,9 +610,7 @@ def check_position_limits(
         )
 
     def longest(rows: int) -> int:
-        return int(
-            d.max_len_a * (min(source_limit, rows) if capped else source_limit) + d.max_len_b
-        )
+        return d.output_limit(min(source_limit, rows) if capped else source_limit)
 
     if longest(m.max_len) > m.max_len:
         fits = next(n for n in range(m.max_len, longest(source_limit) + 2) if longest(n) <= n)
