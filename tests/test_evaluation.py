@@ -232,6 +232,28 @@ def test_checkpoints_of_a_run_compared_through_evaluate(tmp_path, capsys):
     files = [hyp_dir / (n.strip("/").replace("/", "_").replace("@", "_") + ".txt") for n in names]
     assert files[0].read_text(encoding="utf-8") != files[1].read_text(encoding="utf-8")
     check_against_sacrebleu(out, report, files, ref, 12345, {"bs": 1000, "ar": 1000})
+    # a hypothesis file first (the baseline), then a decoded checkpoint; two runs compared
+    small = ["--metrics", "bleu", "--paired-bs-n", "100", "--paired-ar-n", "100"]
+    other = make_run(tmp_path / "other", tmp_path / "spm", {20: 0})  # = run's step 20
+    for systems, expected in (
+        (["--hyp", str(files[1]), "--workdir", run, "--step", "10"], [str(files[1]), names[0]]),
+        (["--workdir", run, "--workdir", other, "--compare"], [run, other]),
+    ):
+        argv = [*systems, "--src", str(src), "--ref", str(ref), "--beam", "1", *small]
+        assert cli.evaluate_main([*argv, "--json", str(report_path)]) == 0
+        capsys.readouterr()
+        mixed = json.loads(report_path.read_text(encoding="utf-8"))["systems"]
+        assert [s["name"] for s in mixed] == expected
+        # step 10 decodes as in the checkpoint comparison; run@20 (its default) is other@20
+        assert (
+            mixed[1]["BLEU"]["score"]
+            == report["systems"][0 if systems[0] == "--hyp" else 1]["BLEU"]["score"]
+        )
+        if systems[0] != "--hyp":
+            assert mixed[0]["BLEU"]["score"] == mixed[1]["BLEU"]["score"]
+            # identical outputs: sacreBLEU counts only strictly larger differences, so p is
+            # its smallest value, 1 / (n + 1) (docs/evaluation.md says so)
+            assert mixed[1]["BLEU"]["p_bootstrap"] == mixed[1]["BLEU"]["p_ar"] == 1 / 101
     # the ensemble of the two: one system, printed as before
     assert cli.evaluate_main([*models, "--src", str(src), "--ref", str(ref), "--beam", "1"]) == 0
     out = capsys.readouterr().out
