@@ -512,14 +512,25 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
         return _fail("give --workdir (a run to decode with) or --hyp (hypothesis files)")
     if args.workdir and (args.src is None) != (args.ref is None):
         return _fail("give both --src and --ref, or neither (to use the run's test split)")
-    if not args.workdir and (args.src or not args.ref):
-        return _fail("--hyp without --workdir needs --ref (and no --src: nothing is decoded)")
-    _setup_logging()
     from seq2seq import evaluation
-    from seq2seq.data.pipeline import split_text
 
     try:
         metrics = evaluation.parse_metrics(args.metrics) if args.metrics else None
+    except ValueError as e:
+        return _fail(str(e))
+    comet = metrics is not None and evaluation.COMET in metrics
+    if not args.workdir and not args.ref:
+        return _fail("--hyp without --workdir needs --ref")
+    if not args.workdir and args.src and not comet:
+        return _fail("--src without --workdir is only read by --metrics comet (nothing is decoded)")
+    if not args.workdir and comet and not args.src:
+        return _fail("--metrics comet needs the sources: give --src")
+    _setup_logging()
+    from seq2seq.data.pipeline import split_text
+
+    try:
+        comet_model = evaluation.load_comet(args.comet_model) if comet else None
+        sacre = [m for m in metrics or () if m != evaluation.COMET]
         systems = [(path, _read_lines(path)) for path in args.hyp or []]
         if args.ref:
             refs = _read_lines(args.ref)
@@ -549,22 +560,24 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
             timings.append((name, len(hyps), max(time.perf_counter() - start, 1e-9), decode))
             systems.append((name, hyps))
         ref_name = args.ref or "test references"
+        scores: object = None
+        report: dict = {}
         if len(systems) == 1:
             hyps = systems[0][1]
             if metrics is None:
-                scores: object = evaluation.score(
+                scores = evaluation.score(
                     hyps, refs, names=("hypotheses", ref_name), lowercase=args.lowercase
                 )
             else:
                 scores = evaluation.score_metrics(
-                    hyps, refs, metrics, names=("hypotheses", ref_name), lowercase=args.lowercase
+                    hyps, refs, sacre, names=("hypotheses", ref_name), lowercase=args.lowercase
                 )
             report = _single_json(systems[0][0], scores)
-        else:
+        elif metrics is None or sacre:
             scores = evaluation.compare(
                 systems,
                 refs,
-                metrics or evaluation.METRICS,
+                sacre or evaluation.METRICS,
                 lowercase=args.lowercase,
                 seed=args.paired_seed,
                 bootstrap_samples=args.paired_bs_n,
@@ -572,6 +585,14 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
                 reference_name=ref_name,
             )
             report = scores.to_json()
+        comet_lines = []
+        if comet_model is not None:
+            values = evaluation.comet_scores(comet_model, [h for _, h in systems], sources, refs)
+            report["COMET"] = {"model": args.comet_model, "scores": {}}
+            for (name, _), value in zip(systems, values):
+                report["COMET"]["scores"][name] = value
+                where = f"{name}; " if len(systems) > 1 else ""
+                comet_lines.append(f"COMET = {value:.4f} ({where}model {args.comet_model})")
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in systems[0][1]), encoding="utf-8")
         if args.hyp_dir:
@@ -583,11 +604,14 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
     if isinstance(scores, list):
-        print("\n".join(str(s) for s in scores))
+        if scores:  # none: --metrics comet alone
+            print("\n".join(str(s) for s in scores))
     elif isinstance(scores, evaluation.Comparison):
         print(scores.table())
-    else:
+    elif scores is not None:
         print(scores)
+    if comet_lines:
+        print("\n".join(comet_lines))
     for name, count, seconds, decode in timings:
         search = (
             f"sampling (temperature {decode.temperature}, top-k {decode.top_k}, top-p "
@@ -609,8 +633,9 @@ def _add_evaluate_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("metrics and systems compared (sacreBLEU)")
     group.add_argument(
         "--metrics",
-        help=f"comma-separated, of {','.join(evaluation.METRICS)} (default: bleu,chrf for one "
-        "system, all four for several)",
+        help=f"comma-separated, of {','.join(evaluation.METRICS)} and comet (the comet extra; "
+        "--comet-model) (default: bleu,chrf for one system, all four sacreBLEU metrics for "
+        "several)",
     )
     group.add_argument(
         "--lowercase",
@@ -647,6 +672,11 @@ def _add_evaluate_options(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=evaluation.SEED,
         help="seed of both paired tests (sacreBLEU's SACREBLEU_SEED; default %(default)s)",
+    )
+    group.add_argument(
+        "--comet-model",
+        help="--metrics comet: a local COMET checkpoint file (.ckpt; needs the comet extra; "
+        "nothing is downloaded)",
     )
     group.add_argument("--json", help="also write the scores (or the comparison) here as JSON")
     group.add_argument(

@@ -115,20 +115,79 @@ LABELS = {"bleu": "BLEU", "chrf": "chrF", "chrf++": "chrF++", "ter": "TER"}
 BOOTSTRAP_SAMPLES, AR_TRIALS, SEED = 1000, 10000, 12345
 
 
+COMET = "comet"  # optional (the comet extra), scored outside sacreBLEU: ``comet_scores``
+
+
 def parse_metrics(text: str) -> tuple[str, ...]:
     """``"bleu,chrf++"`` → ``("bleu", "chrf++")`` (lowercased, duplicates dropped, in order).
 
     Raises:
-      ValueError: an empty list or a name not in ``METRICS``.
+      ValueError: an empty list or a name not in ``METRICS`` or ``COMET``.
     """
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in METRICS]
+    unknown = [n for n in names if n not in (*METRICS, COMET)]
     if unknown or not names:
         raise ValueError(
             f"--metrics {text!r}: unknown metric {unknown[0] if unknown else '(none)'!r}; "
-            f"choose from {','.join(METRICS)}"
+            f"choose from {','.join((*METRICS, COMET))}"
         )
     return tuple(dict.fromkeys(names))
+
+
+def load_comet(path: str | None) -> Any:
+    """A COMET model (Rei et al. 2020; ``unbabel-comet``'s ``load_from_checkpoint``) from a
+    local checkpoint file, e.g. ``checkpoints/model.ckpt`` of a downloaded
+    ``Unbabel/wmt22-comet-da``; nothing is downloaded (``local_files_only``: the encoder's
+    tokenizer must be in the Hugging Face cache too).
+
+    Raises:
+      ValueError: no path given, or no file there.
+      RuntimeError: the ``comet`` extra (``unbabel-comet``) is not installed.
+    """
+    if not path:
+        raise ValueError(
+            "--metrics comet needs --comet-model PATH: a local COMET checkpoint (.ckpt), e.g. "
+            "checkpoints/model.ckpt of a downloaded Unbabel/wmt22-comet-da; nothing is "
+            "downloaded"
+        )
+    if not os.path.isfile(path):
+        raise ValueError(f"--comet-model {path}: no such file (a COMET checkpoint, .ckpt)")
+    try:
+        from comet import load_from_checkpoint
+    except ImportError as e:
+        raise RuntimeError(
+            "--metrics comet needs the comet extra: pip install -e '.[comet]' "
+            "(unbabel-comet, with PyTorch)"
+        ) from e
+    return load_from_checkpoint(path, local_files_only=True)
+
+
+def comet_scores(
+    model: Any,
+    systems: Sequence[Sequence[str]],
+    sources: Sequence[str],
+    references: Sequence[str],
+    *,
+    batch_size: int = 16,
+) -> list[float]:
+    """System-level COMET of each system (``model`` from ``load_comet``): COMET's
+    ``system_score``, the mean of its segment scores over (source, hypothesis, reference)
+    triples, on the CPU. No confidence interval or paired test (sacreBLEU's do not apply).
+
+    Raises:
+      ValueError: a system, the sources and the references differ in length.
+    """
+    out = []
+    for hyps in systems:
+        if not len(hyps) == len(sources) == len(references):
+            raise ValueError(
+                f"COMET needs one source and reference per hypothesis: got {len(hyps)} "
+                f"hypotheses, {len(sources)} sources, {len(references)} references"
+            )
+        data = [{"src": s, "mt": h, "ref": r} for s, h, r in zip(sources, hyps, references)]
+        result = model.predict(data, batch_size=batch_size, gpus=0, progress_bar=False)
+        out.append(float(result.system_score))
+    return out
 
 
 def make_metric(

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,57 @@ def test_checkpoints_of_a_run_compared_through_evaluate(tmp_path, capsys):
     assert cli.evaluate_main([*models, "--src", str(src), "--ref", str(ref), "--beam", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("BLEU = ") and "\nchrF = " in out and "p (bs)" not in out
+
+
+class FakeComet:
+    """Stands in for ``comet`` (not installed here): records the load, and scores a
+    hypothesis 1 when it equals its reference, else 0 (system score: the mean)."""
+
+    loaded: list = []
+
+    @classmethod
+    def load_from_checkpoint(cls, path, **kwargs):
+        cls.loaded.append((path, kwargs))
+        return cls()
+
+    def predict(self, data, batch_size, gpus, progress_bar):
+        assert gpus == 0 and all(set(d) == {"src", "mt", "ref"} for d in data)
+        scores = [float(d["mt"] == d["ref"]) for d in data]
+        return types.SimpleNamespace(scores=scores, system_score=sum(scores) / len(scores))
+
+
+def test_comet_errors_and_plumbing(files, tmp_path, capsys, monkeypatch):
+    """Offline: what runs without the comet extra (the errors), and our plumbing with a
+    stand-in module. A real COMET checkpoint is not run here (no extra, no network)."""
+    ckpt = tmp_path / "model.ckpt"
+    base = ["--hyp", str(files["a"]), "--ref", str(files["ref"]), "--src", str(files["ref"])]
+    for argv, message in (
+        (base + ["--metrics", "bleu,comet"], "--metrics comet needs --comet-model PATH"),
+        (
+            base + ["--metrics", "comet", "--comet-model", str(ckpt)],
+            f"--comet-model {ckpt}: no such file",
+        ),
+        (base[:4] + ["--metrics", "comet"], "--metrics comet needs the sources: give --src"),
+        (base + ["--metrics", "bleu"], "--src without --workdir is only read by --metrics comet"),
+    ):
+        assert cli.evaluate_main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    ckpt.write_bytes(b"not a checkpoint")
+    monkeypatch.setitem(sys.modules, "comet", None)  # as if the extra were not installed
+    assert cli.evaluate_main(base + ["--metrics", "comet", "--comet-model", str(ckpt)]) == 2
+    assert "needs the comet extra: pip install -e '.[comet]'" in capsys.readouterr().err
+
+    monkeypatch.setitem(sys.modules, "comet", FakeComet)
+    report_path = tmp_path / "comet.json"
+    argv = [*base, "--hyp", str(files["ref"]), "--metrics", "bleu,comet", "--comet-model"]
+    argv += [str(ckpt), "--json", str(report_path), "--paired-bs-n", "10", "--paired-ar-n", "10"]
+    assert cli.evaluate_main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert FakeComet.loaded[-1] == (str(ckpt), {"local_files_only": True})
+    refs = files["ref"].read_text(encoding="utf-8").splitlines()
+    same = sum(a == r for a, r in zip(files["a"].read_text(encoding="utf-8").splitlines(), refs))
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    expected = {str(files["a"]): same / len(refs), str(files["ref"]): 1.0}
+    assert report["COMET"] == {"model": str(ckpt), "scores": expected}
+    assert f"COMET = {same / len(refs):.4f} ({files['a']}; model {ckpt})" in out
+    assert "p (bs)" in out  # BLEU is still compared
