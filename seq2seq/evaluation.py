@@ -307,9 +307,8 @@ class Comparison:
                     f"{p[m]:.4f}" + ("*" if p[m] <= 0.05 else " ") if m in p else ""
                     for p in (s.p_bootstrap, s.p_ar)
                 ]
-                lines.append(
-                    f"{name:<{width}}  {s.scores[m]:>7.2f}  {ci:>15}  {ps[0]:>8}  {ps[1]:>8}"
-                )
+                row = f"{name:<{width}}  {s.scores[m]:>7.2f}  {ci:>15}  {ps[0]:>8}  {ps[1]:>8}"
+                lines.append(row.rstrip())
         lines += ["", "signatures (paired bootstrap; approximate randomization):"]
         for m in self.metrics:
             lines.append(f"  {LABELS[m]:<7} {self.signatures_bootstrap[m]}")
@@ -362,6 +361,18 @@ def _sacrebleu_seed(seed: int) -> Iterator[None]:
             os.environ["SACREBLEU_SEED"] = old
 
 
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Logger ``name`` at WARNING for the duration."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def compare(
     systems: Sequence[tuple[str, Sequence[str]]],
     references: Sequence[str],
@@ -408,9 +419,9 @@ def compare(
     named: list[tuple[str, Sequence[str]]] = [(n, list(h)) for n, h in systems]
     runs: dict[str, Any] = {}
     for test, n in (("bs", bootstrap_samples), ("ar", ar_trials)):
-        with _sacrebleu_seed(seed):
+        with _sacrebleu_seed(seed), _quiet("sacrebleu"):  # its INFO lines: one per metric
             paired = PairedTest(named, dict(objects), None, test_type=test, n_samples=n)
-        signatures, results = paired()
+            signatures, results = paired()
         # PairedTest keys by sacreBLEU's score names (BLEU, chrF2, chrF2++, TER), in order
         keys = [k for k in results if k != "System"]
         runs[test] = (
