@@ -892,7 +892,7 @@ class Bench:
         ids = [x[:limit] for x in ids]
         width = bucket_length(max(len(x) for x in ids), limit)
         rows = min(a.kv_rows, len(ids))
-        max_len = int(config.decode.max_len_a * width + config.decode.max_len_b)
+        max_len = config.decode.output_limit(width)
         batches = []
         for start in range(0, len(ids), rows):
             chunk = ids[start : start + rows]
@@ -901,9 +901,9 @@ class Bench:
             for r, x in enumerate(chunk):
                 src[r, : len(x)] = x
                 lengths[r] = len(x)
-            max_lengths = np.minimum(
-                np.ceil(config.decode.max_len_a * lengths + config.decode.max_len_b), max_len
-            ).astype(np.int32)
+            max_lengths = np.array(
+                [min(config.decode.output_limit(int(n)), max_len) for n in lengths], np.int32
+            )
             segments = (src != tokenizer.pad_id).astype(np.int32)
             batches.append(
                 (jnp.asarray(src), jnp.asarray(segments), jnp.asarray(max_lengths), len(chunk))

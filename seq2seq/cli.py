@@ -176,11 +176,11 @@ class _Repeatable(argparse.Action):
         setattr(namespace, self.dest, items[0])
 
 
-def _add_model_options(parser: argparse.ArgumentParser) -> None:
+def _add_model_options(parser: argparse.ArgumentParser, workdir_required: bool = True) -> None:
     """``--workdir`` and ``--step``, each repeatable: several make an ensemble."""
     parser.add_argument(
         "--workdir",
-        required=True,
+        required=workdir_required,
         action=_Repeatable,
         help="run directory written by seq2seq-train; repeat it for an ensemble of the runs "
         "(they must share the SentencePiece model(s) and decode config)",
@@ -196,9 +196,11 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(workdirs=None, steps=None)
 
 
-def _decode_parser(prog: str, description: str) -> argparse.ArgumentParser:
+def _decode_parser(
+    prog: str, description: str, workdir_required: bool = True
+) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    _add_model_options(parser)
+    _add_model_options(parser, workdir_required)
     search = parser.add_argument_group("search (defaults: the run's decode config)")
     search.add_argument("--beam", type=_positive_int, help="beam size (1 = greedy search)")
     search.add_argument("--alpha", type=_nonnegative_float, help="length-penalty exponent")
@@ -476,11 +478,18 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
 
 
 def evaluate_main(argv: Sequence[str] | None = None) -> int:
-    """``seq2seq-evaluate --workdir DIR [--src FILE --ref FILE]``: decode, score (sacreBLEU)."""
+    """``seq2seq-evaluate --workdir DIR [--src FILE --ref FILE]``: decode, score (sacreBLEU);
+    with several systems (``--hyp`` files, ``--compare``'d runs or checkpoints), paired
+    significance tests against the first (``evaluation.compare``)."""
     parser = _decode_parser(
         "seq2seq-evaluate",
         "Decode a source file with a trained run and score "
-        "it against a reference file (BLEU, chrF). Default: the run's test split.",
+        "it against a reference file (BLEU, chrF). Default: the run's test split. With several "
+        "systems (--hyp files, or --compare with several --workdir or --step), compare them "
+        "on one test set: scores, 95%% confidence intervals and paired significance tests "
+        "against the first system (sacreBLEU's paired bootstrap resampling and approximate "
+        "randomization).",
+        workdir_required=False,
     )
     parser.add_argument("--src", help="source file, one sentence per line")
     parser.add_argument("--ref", help="reference file, aligned with --src")
@@ -491,46 +500,224 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
         help="score a --ref file whose lines contain SentencePiece pieces ('▁') "
         "as it is, with a warning (default: refuse it)",
     )
+    _add_evaluate_options(parser)
     args = parser.parse_args(argv)
-    if (args.src is None) != (args.ref is None):
+    if not args.workdir and not args.hyp:
+        return _fail("give --workdir (a run to decode with) or --hyp (hypothesis files)")
+    if args.workdir and (args.src is None) != (args.ref is None):
         return _fail("give both --src and --ref, or neither (to use the run's test split)")
-    _setup_logging()
     from seq2seq import evaluation
+
+    try:
+        metrics = evaluation.parse_metrics(args.metrics) if args.metrics else None
+    except ValueError as e:
+        return _fail(str(e))
+    comet = metrics is not None and evaluation.COMET in metrics
+    if not args.workdir and not args.ref:
+        return _fail("--hyp without --workdir needs --ref")
+    if not args.workdir and args.src and not comet:
+        return _fail("--src without --workdir is only read by --metrics comet (nothing is decoded)")
+    if not args.workdir and comet and not args.src:
+        return _fail("--metrics comet needs the sources: give --src")
+    _setup_logging()
     from seq2seq.data.pipeline import split_text
 
     try:
-        if args.src:
-            sources, refs = _read_lines(args.src), _read_lines(args.ref)
-            if len(sources) != len(refs):
-                return _fail(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
+        comet_model = evaluation.load_comet(args.comet_model) if comet else None
+        sacre = [m for m in metrics or () if m != evaluation.COMET]
+        systems = [(path, _read_lines(path)) for path in args.hyp or []]
+        if args.ref:
+            refs = _read_lines(args.ref)
+            if args.src:
+                sources = _read_lines(args.src)
+                if len(sources) != len(refs):
+                    return _fail(
+                        f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}"
+                    )
             pieces = evaluation.pieces_message(args.ref, refs)
             if pieces and not args.allow_pieces:
                 return _fail(f"{pieces}; or pass --allow-pieces to score them as they are")
-        config, tokenizer, graphdef, params, decode = _load(args)
-        if not args.src:
-            test = split_text(config, "test")  # every test corpus, with its tag
-            sources, refs = test.sources, test.targets
-        translator = _translator(args, config, tokenizer, graphdef, params, decode)
-        start = time.perf_counter()
-        hyps = [h[0].text for h in translator.translate(sources, progress=True, source=args.src)]
-        seconds = max(time.perf_counter() - start, 1e-9)
-        scores = evaluation.score(hyps, refs, names=("hypotheses", args.ref or "test references"))
+        models = _evaluate_models(args) if args.workdir else []
+        if len(systems) + len(models) > 1 and args.output:
+            return _fail("--output takes one system's hypotheses: use --hyp-dir with several")
+        timings = []
+        for name, model_args in models:
+            config, tokenizer, graphdef, params, decode = _load(model_args)
+            if not args.ref:
+                test = split_text(config, "test")  # every test corpus, with its tag
+                sources, refs = test.sources, test.targets
+            translator = _translator(model_args, config, tokenizer, graphdef, params, decode)
+            start = time.perf_counter()
+            hyps = [
+                h[0].text for h in translator.translate(sources, progress=True, source=args.src)
+            ]
+            timings.append((name, len(hyps), max(time.perf_counter() - start, 1e-9), decode))
+            systems.append((name, hyps))
+        ref_name = args.ref or "test references"
+        scores: object = None
+        report: dict = {}
+        if len(systems) == 1:
+            hyps = systems[0][1]
+            if metrics is None:
+                scores = evaluation.score(
+                    hyps, refs, names=("hypotheses", ref_name), lowercase=args.lowercase
+                )
+            else:
+                scores = evaluation.score_metrics(
+                    hyps, refs, sacre, names=("hypotheses", ref_name), lowercase=args.lowercase
+                )
+            report = _single_json(systems[0][0], scores)
+        elif metrics is None or sacre:
+            scores = evaluation.compare(
+                systems,
+                refs,
+                sacre or evaluation.METRICS,
+                lowercase=args.lowercase,
+                seed=args.paired_seed,
+                bootstrap_samples=args.paired_bs_n,
+                ar_trials=args.paired_ar_n,
+                reference_name=ref_name,
+            )
+            report = scores.to_json()
+        comet_lines = []
+        if comet_model is not None:
+            values = evaluation.comet_scores(comet_model, [h for _, h in systems], sources, refs)
+            report["COMET"] = {"model": args.comet_model, "scores": {}}
+            for (name, _), value in zip(systems, values):
+                report["COMET"]["scores"][name] = value
+                where = f"{name}; " if len(systems) > 1 else ""
+                comet_lines.append(f"COMET = {value:.4f} ({where}model {args.comet_model})")
         if args.output:
-            Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            Path(args.output).write_text("".join(h + "\n" for h in systems[0][1]), encoding="utf-8")
+        if args.hyp_dir:
+            _write_hyp_dir(args.hyp_dir, [s for s in systems if s[0] in {t[0] for t in timings}])
+        if args.json:
+            import json
+
+            Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
-    print(scores)
-    search = (
-        f"sampling (temperature {decode.temperature}, top-k {decode.top_k}, top-p "
-        f"{decode.top_p}, seed {decode.seed})"
-        if decode.sampling
-        else f"beam {decode.beam_size}, alpha {decode.alpha}"
-    )
-    print(
-        f"{len(hyps)} sentences in {seconds:.1f} s ({len(hyps) / seconds:.1f} sentences/s), "
-        f"{search}"
-    )
+    if isinstance(scores, list):
+        if scores:  # none: --metrics comet alone
+            print("\n".join(str(s) for s in scores))
+    elif isinstance(scores, evaluation.Comparison):
+        print(scores.table())
+    elif scores is not None:
+        print(scores)
+    if comet_lines:
+        print("\n".join(comet_lines))
+    for name, count, seconds, decode in timings:
+        search = (
+            f"sampling (temperature {decode.temperature}, top-k {decode.top_k}, top-p "
+            f"{decode.top_p}, seed {decode.seed})"
+            if decode.sampling
+            else f"beam {decode.beam_size}, alpha {decode.alpha}"
+        )
+        prefix = f"{name}: " if len(timings) > 1 else ""
+        print(
+            f"{prefix}{count} sentences in {seconds:.1f} s ({count / seconds:.1f} "
+            f"sentences/s), {search}"
+        )
     return 0
+
+
+def _add_evaluate_options(parser: argparse.ArgumentParser) -> None:
+    from seq2seq import evaluation
+
+    group = parser.add_argument_group("metrics and systems compared (sacreBLEU)")
+    group.add_argument(
+        "--metrics",
+        help=f"comma-separated, of {','.join(evaluation.METRICS)} and comet (the comet extra; "
+        "--comet-model) (default: bleu,chrf for one system, all four sacreBLEU metrics for "
+        "several)",
+    )
+    group.add_argument(
+        "--lowercase",
+        action="store_true",
+        help="case-insensitive BLEU and chrF (sacreBLEU's lowercase, case:lc in the "
+        "signature; TER is case-insensitive either way, as in TERCOM)",
+    )
+    group.add_argument(
+        "--hyp",
+        action="append",
+        help="a system's detokenized hypotheses, aligned with --ref; repeat it for several "
+        "systems (the first is the baseline; decoded --workdir systems come after)",
+    )
+    group.add_argument(
+        "--compare",
+        action="store_true",
+        help="each --workdir, or each --step of one --workdir, is a system of its own "
+        "(default: one ensemble of them)",
+    )
+    group.add_argument(
+        "--paired-bs-n",
+        type=_positive_int,
+        default=evaluation.BOOTSTRAP_SAMPLES,
+        help="paired bootstrap resamples (also give the 95%% CIs; default %(default)s)",
+    )
+    group.add_argument(
+        "--paired-ar-n",
+        type=_positive_int,
+        default=evaluation.AR_TRIALS,
+        help="approximate randomization trials (default %(default)s)",
+    )
+    group.add_argument(
+        "--paired-seed",
+        type=_positive_int,
+        default=evaluation.SEED,
+        help="seed of both paired tests (sacreBLEU's SACREBLEU_SEED; default %(default)s)",
+    )
+    group.add_argument(
+        "--comet-model",
+        help="--metrics comet: a local COMET checkpoint file (.ckpt; needs the comet extra; "
+        "nothing is downloaded)",
+    )
+    group.add_argument("--json", help="also write the scores (or the comparison) here as JSON")
+    group.add_argument(
+        "--hyp-dir", help="write each decoded system's hypotheses into this directory"
+    )
+
+
+def _evaluate_models(args) -> list[tuple[str, argparse.Namespace]]:
+    """(name, arguments for ``_load``) of each decoded system: one (a model or an ensemble),
+    or with ``--compare`` one per member of ``_members``, named ``DIR`` or ``DIR@STEP``."""
+    if not args.compare:
+        names = [f"{w}@{s}" if s is not None else w for w, s in _members(args)]
+        return [(" + ".join(names), args)]
+    out = []
+    for w, s in _members(args):
+        one = argparse.Namespace(**vars(args))
+        one.workdir, one.workdirs = w, [w]
+        one.step, one.steps = s, None if s is None else [s]
+        out.append((w if s is None else f"{w}@{s}", one))
+    return out
+
+
+def _single_json(name: str, scores) -> dict:
+    """One system's scores (``evaluation.Scores`` or a list of ``MetricScore``) as JSON."""
+    from seq2seq import evaluation
+
+    if isinstance(scores, evaluation.Scores):
+        scores = [
+            evaluation.MetricScore("bleu", scores.bleu, scores.bleu_signature),
+            evaluation.MetricScore("chrf", scores.chrf, scores.chrf_signature),
+        ]
+    return {
+        "system": name,
+        **{
+            evaluation.LABELS[s.metric]: {"score": s.score, "signature": s.signature}
+            for s in scores
+        },
+    }
+
+
+def _write_hyp_dir(directory: str, systems: list[tuple[str, list[str]]]) -> None:
+    """Each system's hypotheses as ``DIR/<name>.txt`` (``/`` and ``@`` in names become ``_``)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, hyps in systems:
+        safe = name.strip("/").replace("/", "_").replace("@", "_").replace(" + ", "+")
+        (out / f"{safe}.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
 
 
 def score_main(argv: Sequence[str] | None = None) -> int:

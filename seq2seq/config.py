@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,8 +372,9 @@ class TrainConfig:
       dev_bleu: also decode dev sentences and score them with sacreBLEU at each evaluation.
       bleu_subset: decode only the first N dev sentences for dev BLEU (0 = all of them).
       bleu_beam_size: beam size for dev BLEU (1 = greedy; 0 = ``decode.beam_size``).
-      best_metric: ``bleu`` (dev BLEU, higher is better; needs ``dev_bleu``) or ``loss`` (dev
-        loss, lower is better): selects the best checkpoint and drives early stopping.
+      best_metric: ``bleu`` (dev BLEU, higher is better; needs ``dev_bleu``), ``chrf`` (dev
+        chrF, sacreBLEU's chrF2, higher is better; needs ``dev_bleu``) or ``loss`` (dev loss,
+        lower is better): selects the best checkpoint and drives early stopping.
       keep_checkpoints: how many recent checkpoints are kept.
       keep_best: also keep the checkpoint with the best ``best_metric`` (a checkpoint is saved
         at every evaluation that improves it).
@@ -389,7 +391,9 @@ class TrainConfig:
         step is compiled once and reads the horizon as a value. The chosen count is logged
         and kept in the checkpoints (a resume keeps it; ``config.yaml`` keeps the resolved,
         provisional ``steps``) and in ``test.json`` (``steps``). The run's length then depends
-        on the machine's speed.
+        on the machine's speed. A given
+        ``warmup_steps`` longer than the recipe's provisional steps raises them to it (the
+        budget would otherwise never be applied).
       init_from: start from the weights of a trained run (a workdir: its newest checkpoint, or
         a checkpoint directory ``<workdir>/checkpoints/<step>``) instead of a random init,
         reusing its SentencePiece model(s) (copied into this workdir, not retrained); the model
@@ -456,7 +460,8 @@ class DecodeConfig:
       beam_size: hypotheses kept per sentence (1 = greedy search).
       alpha: length-penalty exponent (≥ 0).
       length_penalty: ``gnmt`` ((5+|Y|)/6)^α, ``plain`` |Y|^α or ``none``.
-      max_len_a / max_len_b: output length limit ``a · |source| + b`` tokens (EOS included).
+      max_len_a / max_len_b: output length limit ``ceil(a · |source| + b)`` tokens (EOS
+        included; ``output_limit``).
       min_length: at least this many tokens before EOS (0 = no minimum; the maximum wins).
       max_tokens: source-token budget per decoding batch.
       test_limit: decode only the first N test sentences at the end of training (0 = all).
@@ -483,6 +488,12 @@ class DecodeConfig:
     top_p: float = rule(1.0, resume=FREE)
     seed: int = rule(0, resume=FREE)
     allow_unk: bool = rule(False, resume=FREE)
+
+    def output_limit(self, source_tokens: int) -> int:
+        """Output length limit in tokens, EOS included, for a source of ``source_tokens``
+        tokens (EOS included): ``ceil(max_len_a · source_tokens + max_len_b)``, rounded to 1e-9
+        first (so 0.1 · 30 is 3). The one rule of the search, its buckets and the export."""
+        return math.ceil(round(self.max_len_a * source_tokens + self.max_len_b, 9))
 
 
 @dataclass(frozen=True)
@@ -683,7 +694,7 @@ def check_position_limits(
 ) -> None:
     """Decoding lengths must fit a ``learned`` position table (``model.max_len`` rows; the
     other schemes have no limit): sources of up to S tokens and outputs of up to
-    ``int(decode.max_len_a · S + decode.max_len_b)`` tokens, where S is ``source_limit``
+    ``decode.output_limit(S)`` tokens, where S is ``source_limit``
     (set by ``source_key``), or ``min(source_limit, model.max_len)`` when ``capped``. A gather
     past the table would be clamped silently.
 
@@ -701,9 +712,7 @@ def check_position_limits(
         )
 
     def longest(rows: int) -> int:
-        return int(
-            d.max_len_a * (min(source_limit, rows) if capped else source_limit) + d.max_len_b
-        )
+        return d.output_limit(min(source_limit, rows) if capped else source_limit)
 
     if longest(m.max_len) > m.max_len:
         fits = next(n for n in range(m.max_len, longest(source_limit) + 2) if longest(n) <= n)

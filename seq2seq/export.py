@@ -182,13 +182,13 @@ def ctranslate2_translate(
 ) -> list[tuple[list[int], float]]:
     """Translate ``lines`` with a ``ctranslate2.Translator`` of an export, under our rules.
 
-    Each line's output limit is our ``ceil(a·|x| + b)`` tokens, EOS included (|x| counts the
-    source EOS), so lines are decoded in groups of equal limit. Empty lines give ``([], 0.0)``.
-    ``suppress_special``: see ``ctranslate2_options``. ``exhaustive``: CTranslate2 keeps
-    searching up to the limit (``patience`` = the limit: it cannot finish ``limit · beam``
-    hypotheses earlier) instead of stopping after ``beam`` finished ones; its best hypothesis
-    is then the best of every hypothesis finished within the limit, which is what our stopping
-    rule returns (slower; CTranslate2's default is ``False``).
+    Each line's output limit is ours, ``decode.output_limit(|x|)`` tokens, EOS included (|x|
+    counts the source EOS), so lines are decoded in groups of equal limit. Empty lines give
+    ``([], 0.0)``. ``suppress_special``: see ``ctranslate2_options``. ``exhaustive``:
+    CTranslate2 keeps searching up to the limit (``patience`` = the limit: it cannot finish
+    ``limit · beam`` hypotheses earlier) instead of stopping after ``beam`` finished ones; its
+    best hypothesis is then the best of every hypothesis finished within the limit, which is
+    what our stopping rule returns (slower; CTranslate2's default is ``False``).
 
     Returns:
       per line, the output ids without EOS and CTranslate2's score (log-probability / lp).
@@ -203,7 +203,7 @@ def ctranslate2_translate(
     pieces = [source_sp.encode(line, out_type=str) for line in lines]
     for i, (line, x) in enumerate(zip(lines, pieces)):
         if line.strip():
-            limit = int(np.ceil(decode.max_len_a * (len(x) + 1) + decode.max_len_b))
+            limit = decode.output_limit(len(x) + 1)
             groups.setdefault(limit, []).append(i)
     eos = target_sp.id_to_piece(tokenizer.eos_id)
     for limit, rows in sorted(groups.items()):

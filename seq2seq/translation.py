@@ -301,11 +301,7 @@ class Translator:
         """A prefix of ``p`` tokens must leave room for EOS in the output limit of line ``i``
         (source of ``n`` tokens), as ``_decode_chunk`` computes it."""
         cfg = self.config
-        width = bucket_length(n, self.max_src_len)
-        limit = min(
-            int(np.ceil(cfg.max_len_a * n + cfg.max_len_b)),
-            int(cfg.max_len_a * width + cfg.max_len_b),
-        )
+        limit = cfg.output_limit(n)  # n ≤ its bucket width: the bucket's limit is not lower
         if p + 1 > limit:
             where = f"{prefix_source}:{i + 1}" if prefix_source else f"prefix of line {i + 1}"
             raise ValueError(
@@ -339,8 +335,8 @@ class Translator:
             src[r, :n] = x
             lengths[r] = n
             line_ids[r] = i
-        max_len = int(cfg.max_len_a * width + cfg.max_len_b)
-        max_lengths = np.minimum(np.ceil(cfg.max_len_a * lengths + cfg.max_len_b), max_len)
+        max_len = cfg.output_limit(width)  # the bucket's: every row's limit fits in it
+        max_lengths = np.array([min(cfg.output_limit(int(n)), max_len) for n in lengths])
         inputs = [src, (src != tok.pad_id).astype(np.int32), max_lengths.astype(np.int32)]
         prefix = None
         if prefix_ids is not None:  # [rows, max_len]: no new shape, PAD after each prefix

@@ -420,7 +420,20 @@ def test_ctranslate2_translates_a_trained_run_as_we_do(tmp_path, variant):
             ctranslate2.Translator(str(out)), pair, test_lines, decode, exhaustive=True
         )
         same = [list(o[0].tokens) == t for o, (t, _) in zip(ours, theirs)]
-        assert figures["sentences"] == 8 and figures["decode"]["length_penalty"] == "plain"
-        assert figures["identical_share"] == sum(same) / 8
-        assert figures["bleu_ours"] == score([h[0].text for h in ours], refs).bleu
+        exhaustive, card = figures["exhaustive"], figures["card"]
+        assert figures["sentences"] == 8 and exhaustive["decode"]["length_penalty"] == "plain"
+        assert exhaustive["identical_share"] == sum(same) / 8
+        assert exhaustive["bleu_ours"] == score([h[0].text for h in ours], refs).bleu
+        # the headline: the model card's call against ours as the run decodes
+        as_run = replace(config.decode, beam_size=4)
+        ours = Translator(graphdef, params, pair, as_run).translate(test_lines)
+        out_card = ctranslate2.Translator(str(out)).translate_batch(
+            [pair.source.sp.encode(x, out_type=str) for x in test_lines],
+            beam_size=4,
+            disable_unk=True,
+        )
+        card_text = [pair.target.sp.decode(r.hypotheses[0]) for r in out_card]
+        assert card["bleu_ctranslate2"] == score(card_text, refs).bleu
+        assert card["bleu_ours"] == score([h[0].text for h in ours], refs).bleu
+        assert card["ctranslate2_options"] == {"beam_size": 4, "disable_unk": True}
         assert status == (0 if figures["goals_met"] else 1)

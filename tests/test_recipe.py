@@ -190,3 +190,32 @@ def test_a_negative_time_budget_is_a_named_error(tmp_path):
         config = tiny_config(corpus, tmp_path / "run", f"train.{key}=-5")
         with pytest.raises(ConfigError, match=f"train.{key} must be >= 0 seconds"):
             check_train_config(config)
+
+
+def test_a_time_budget_applies_when_the_warmup_is_longer_than_the_provisional_steps(
+    tmp_path, caplog
+):
+    """train.warmup_steps (12) > the recipe's provisional steps (10): the provisional count
+    is raised to the warmup, and the budget chooses the steps at its end (this budget is
+    spent by then: the run ends there, at 12, not silently at 10 without the budget)."""
+    from seq2seq.run import prepare_run
+    from seq2seq.training.loop import fit
+
+    corpus = write_corpus(tmp_path / "data", train=300)
+    config = tiny_config(
+        corpus,
+        tmp_path / "run",
+        "train.steps=0",
+        "train.token_budget=2560",  # provisional: 2560 / 256 = 10 steps
+        "train.warmup_steps=12",
+        "train.time_budget=0.001",
+    )
+    resolved, note = resolve_recipe(config)
+    assert resolved.train.steps == 12 and "raised to train.warmup_steps" in note
+    shorter = resolve_recipe(replace(config, **{"train.warmup_steps": 4}))[0]
+    assert shorter.train.steps == 10  # a warmup that ends within the count: unchanged
+    caplog.set_level("INFO", logger="seq2seq")
+    prepared, data, _ = prepare_run(config)
+    result = fit(prepared, data)
+    assert int(result.state.step) == 12 and result.config.train.steps == 12
+    assert "train.time_budget=0.001s:" in caplog.text and "train.steps=12 (was 12)" in caplog.text

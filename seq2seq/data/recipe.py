@@ -16,7 +16,8 @@ frequent updates. The rule, for every key left at 0 in the config:
 
 The config is resolved once, before any work (``seq2seq/resolve.py``): a resumed run keeps its
 saved values, the rest come from ``resolve`` here. With ``train.time_budget`` (seconds) the
-steps above are provisional: at the end of the warmup a training action sets the run's end
+steps above are provisional (and at least a given ``train.warmup_steps``, so that the run
+reaches the end of its warmup): at the end of the warmup a training action sets the run's end
 and the schedule's horizon to ``steps_for_time_budget``, the count that fills the budget at
 the speed measured so far.
 
@@ -117,6 +118,10 @@ def resolve(config: Config, corpus: CorpusSize | None = None) -> tuple[Config, s
     if not steps:
         per_step = max_tokens * max(t.grad_accum_steps, 1)
         steps = changes["train.steps"] = max(1, round(t.token_budget / per_step))
+        if t.time_budget and t.warmup_steps > steps:
+            # provisional: train.time_budget chooses the count at the end of the warmup, which
+            # a shorter provisional run would never reach (the budget silently ignored)
+            steps = changes["train.steps"] = t.warmup_steps
     if not t.warmup_steps:
         changes["train.warmup_steps"] = max(1, round(WARMUP_FRACTION * steps))
     if config.model.dropout_rate is None:
@@ -129,6 +134,11 @@ def resolve(config: Config, corpus: CorpusSize | None = None) -> tuple[Config, s
         else ""
     )
     chosen = ", ".join(f"{k}={v}" for k, v in changes.items())
+    if t.time_budget and not t.steps and t.warmup_steps == steps:
+        chosen += (
+            f" (provisional, raised to train.warmup_steps: train.time_budget={t.time_budget:g} "
+            "chooses the step count at the end of the warmup)"
+        )
     return replace(config, **changes), f"recipe{told}: {chosen}"
 
 

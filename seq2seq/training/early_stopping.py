@@ -11,22 +11,24 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-MODES = {"bleu": "max", "loss": "min"}
+# dev metrics a run can select its best checkpoint by, and which direction is better
+MODES = {"bleu": "max", "chrf": "max", "loss": "min"}
 
 
 @dataclass
 class BestTracker:
     """The best value of one dev metric and the evaluations since it last improved.
 
-    An evaluation improves when ``metric`` is strictly better, or, for ``bleu``, equal with a
-    strictly lower dev loss: early in training (and on tiny dev subsets) BLEU is often flat at
-    0, and the checkpoint with the lower loss is then the better one.
+    An evaluation improves when ``metric`` is strictly better, or, for ``bleu`` and ``chrf``,
+    equal with a strictly lower dev loss: early in training (and on tiny dev subsets) BLEU is
+    often flat at 0, and the checkpoint with the lower loss is then the better one.
 
     Attributes:
-      metric: ``bleu`` (higher is better) or ``loss`` (lower is better).
+      metric: ``bleu`` or ``chrf`` (sacreBLEU's, higher is better) or ``loss`` (lower is
+        better).
       value: the best value so far (None before the first evaluation).
       step: the step where it was reached.
-      loss: the dev loss at that step (the tie-breaker for ``bleu``), if given.
+      loss: the dev loss at that step (the tie-breaker for ``bleu`` and ``chrf``), if given.
       evals_without_improvement: evaluations in a row that did not improve.
 
     Raises:

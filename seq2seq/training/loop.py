@@ -143,9 +143,10 @@ def check_train_config(config: Config) -> None:
         raise ConfigError(
             f"train.best_metric must be one of {sorted(MODES)}, got {t.best_metric!r}"
         )
-    if t.best_metric == "bleu" and not t.dev_bleu:
+    if t.best_metric in ("bleu", "chrf") and not t.dev_bleu:
         raise ConfigError(
-            "train.best_metric=bleu needs train.dev_bleu=true (or use best_metric=loss)"
+            f"train.best_metric={t.best_metric} needs train.dev_bleu=true (dev BLEU and chrF "
+            "are scored with it), or use best_metric=loss"
         )
     if not 0.0 <= t.ema_decay < 1.0:
         raise ConfigError(
@@ -899,6 +900,8 @@ def _dev_line(step: int, dev: dict[str, float], best: BestTracker, improved: boo
     )
     if "bleu" in dev:
         line += f" BLEU {dev['bleu']:.2f} ({int(dev['bleu_sentences'])} sentences)"
+    if "chrf" in dev:
+        line += f" chrF {dev['chrf']:.2f}"
     mark = "new best" if improved else f"best {best.value:.4g} at step {best.step}"
     return f"{line} [{best.metric}: {mark}]"
 
