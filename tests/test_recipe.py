@@ -210,12 +210,13 @@ def test_a_time_budget_applies_when_the_warmup_is_longer_than_the_provisional_st
         "train.warmup_steps=12",
         "train.time_budget=0.001",
     )
-    resolved, note = resolve_recipe(config)
-    assert resolved.train.steps == 12 and "raised to train.warmup_steps" in note
-    shorter = resolve_recipe(replace(config, **{"train.warmup_steps": 4}))[0]
+    run = resolve_config(config)
+    assert run.config.train.steps == 12
+    assert any("raised to train.warmup_steps" in note for note in run.notes), run.notes
+    shorter = resolve_config(replace(config, **{"train.warmup_steps": 4})).config
     assert shorter.train.steps == 10  # a warmup that ends within the count: unchanged
     caplog.set_level("INFO", logger="seq2seq")
-    prepared, data, _ = prepare_run(config)
+    prepared, data, _ = prepare_run(run)
     result = fit(prepared, data)
-    assert int(result.state.step) == 12 and result.config.train.steps == 12
+    assert int(result.state.step) == 12 and result.progress.steps(prepared) == 12
     assert "train.time_budget=0.001s:" in caplog.text and "train.steps=12 (was 12)" in caplog.text
