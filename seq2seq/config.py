@@ -162,6 +162,11 @@ class TokenizerConfig:
         the character.
       remove_extra_whitespaces: SentencePiece's whitespace handling: strip leading and
         trailing spaces and collapse runs of them (the default); false keeps them as written.
+      vocab_file: a JSON object mapping pieces to model ids (Marian's ``vocab.json``, written
+        by ``seq2seq-import``): the SentencePiece models only cut text into pieces and this
+        map numbers them, one id space for both sides (so ``model.share_embeddings: all``
+        works with separate models); its ``<pad>`` is pad and decoder start, ``</s>`` EOS.
+        A relative path is read in the run directory. None: SentencePiece's own ids.
     """
 
     joint: bool = True
@@ -176,13 +181,15 @@ class TokenizerConfig:
     normalization: str = "nmt_nfkc"
     byte_fallback: bool = False
     remove_extra_whitespaces: bool = True
+    vocab_file: str | None = None
 
 
 # Choices of the string-valued model settings (checked when a config is built).
 MODEL_CHOICES: dict[str, tuple[str, ...]] = {
     "norm": ("pre", "post"),
     "positions": ("sinusoidal", "learned", "relative", "rope", "alibi", "none"),
-    "activation": ("relu", "gelu", "swiglu", "geglu"),
+    "activation": ("relu", "gelu", "swish", "swiglu", "geglu"),
+    "sinusoidal_layout": ("interleaved", "halves"),
     "share_embeddings": ("all", "target", "none"),
     "dtype": ("float32", "bfloat16"),
     "matmul_dtype": ("float32", "bfloat16"),
@@ -210,7 +217,8 @@ class ModelConfig:
         passes over the training corpus (``seq2seq/data/recipe.py``).
       attention_dropout_rate: dropout on the attention weights (after softmax).
       activation_dropout_rate: dropout on the FFN hidden activation.
-      activation: FFN nonlinearity: ``relu`` (paper), ``gelu`` (Hendrycks & Gimpel 2016), or
+      activation: FFN nonlinearity: ``relu`` (paper), ``gelu`` (Hendrycks & Gimpel 2016, tanh
+        approximation), ``swish`` (x·sigmoid(x), SiLU; Ramachandran et al. 2017; Marian's), or
         the gated ``swiglu`` / ``geglu`` (Shazeer 2020; three d_model×d_ff matrices).
       norm: ``post`` (paper: LayerNorm(x + Sublayer(x))) or ``pre`` (x + Sublayer(LayerNorm(x))
         and a final LayerNorm per stack).
@@ -218,6 +226,9 @@ class ModelConfig:
         ``relative`` (T5 bucketed bias per head, Raffel et al. 2020), ``rope`` (Su et al.
         2021), ``alibi`` (Press et al. 2022) or ``none``. Sinusoidal, RoPE and ALiBi have no
         length limit; ``learned`` fails for inputs longer than ``max_len``.
+      sinusoidal_layout: where ``sinusoidal`` puts its sines and cosines: ``interleaved``
+        (§3.5: sin at even, cos at odd features) or ``halves`` (all sines, then all cosines
+        of the same frequencies: Marian's and OPUS-MT's table).
       relpos_buckets / relpos_max_distance: T5 relative-position buckets and the distance from
         which all positions share the last bucket (``relative`` only).
       rope_base: RoPE frequency base θ (Su et al. 2021, eq. 15; 10000).
@@ -226,6 +237,11 @@ class ModelConfig:
         ``none`` (three matrices). YAML ``true``/``false`` (the old boolean) mean ``all`` /
         ``target``.
       max_len: positions in the ``learned`` tables (unused by the other schemes).
+      scale_embeddings: multiply token embeddings by √d_model (§3.4) before the positions are
+        added; false: unscaled (Marian's ``scale_embedding: false``).
+      logits_bias: add a learned bias ``[vocab]`` to the output logits (Marian's
+        ``final_logits_bias``; zeros at init, trained like the other biases).
+      norm_epsilon: ε of every LayerNorm (1e-6; PyTorch and Marian use 1e-5).
       dtype: compute dtype, ``float32`` or ``bfloat16``; parameters stay float32, matmuls
         accumulate in float32 (``model/precision.py``), and softmax, LayerNorm statistics,
         logits and the loss are float32.
@@ -256,11 +272,15 @@ class ModelConfig:
     activation: str = "relu"
     norm: str = "pre"
     positions: str = "sinusoidal"
+    sinusoidal_layout: str = "interleaved"
     relpos_buckets: int = 32
     relpos_max_distance: int = 128
     rope_base: float = 10_000.0
     share_embeddings: str = "all"
     max_len: int = 512
+    scale_embeddings: bool = True
+    logits_bias: bool = False
+    norm_epsilon: float = 1e-6
     dtype: str = "float32"
     matmul_dtype: str = "float32"
     attention: str = "dense"
