@@ -42,7 +42,7 @@ from seq2seq.data.pipeline import (
     prepare,
 )
 from seq2seq.data.sources import FORMATS
-from seq2seq.data.tokenizer import TokenizerPair, load_pair, model_names
+from seq2seq.data.tokenizer import TokenizerPair, load_pair, model_names, vocab_path
 from seq2seq.sharding import (
     Partitioner,
     initialize_distributed,
@@ -333,6 +333,10 @@ def _reuse_tokenizer(config: Config, parent: Parent, workdir: Path) -> Tokenizer
         if not dest.is_file() or dest.read_bytes() != tok.path.read_bytes():
             shutil.copyfile(tok.path, dest)
             log.info("tokenizer: %s copied from %s (train.init_from)", dest, tok.path)
+    if theirs.target.vocab_path is not None and config.tokenizer.vocab_file is not None:
+        dest = vocab_path(config.tokenizer, workdir)  # the map that numbers the pieces
+        if dest is not None and dest.resolve() != theirs.target.vocab_path.resolve():
+            shutil.copyfile(theirs.target.vocab_path, dest)
     return load_pair(
         config.tokenizer, workdir, src_lang=config.data.src_lang, tgt_lang=config.data.tgt_lang
     )
