@@ -285,3 +285,83 @@ def test_missing_and_extra_weights_and_languages_are_named(tmp_path, capsys):
     assert cli.import_main(["--from", "marian", str(source), out, *languages]) == 2
     assert "missing tensor model.encoder.layers.0.fc1.bias" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # nothing written before the checks pass
+
+
+def _hf_logprobs(hf, hf_tok, sources, targets) -> list[float]:
+    """Σ log p(y_t | y_<t, x) of each target (EOS included) under the PyTorch model."""
+    out = []
+    for x, y in zip(sources, targets):
+        enc = hf_tok([x], text_target=[y], return_tensors="pt")
+        labels = enc.pop("labels")
+        with torch.no_grad():
+            logits = hf(**enc, labels=labels).logits
+        logp = torch.log_softmax(logits.double(), -1)[0]
+        out.append(float(logp.gather(-1, labels[0][:, None]).sum()))
+    return out
+
+
+@pytest.mark.slow
+def test_an_imported_run_works_with_every_command(tmp_path):
+    """seq2seq-score gives PyTorch's log-probabilities; seq2seq-evaluate decodes as
+    seq2seq-translate does; seq2seq-export to CTranslate2 scores the same pairs alike; and
+    seq2seq-train with ``train.init_from`` fine-tunes the imported run (its tokenizer and
+    vocabulary map kept)."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from tiny_run import cli_env, run, train_command, write_corpus
+
+    from seq2seq.data.sources import read_lines
+    from seq2seq.trained import load_trained
+
+    source = make_marian(tmp_path / "hf", d_model=16, layers=(1, 1), heads=2, ffn=32, seed=5)
+    imported = _import(source, tmp_path / "run")
+    corpus = write_corpus(tmp_path / "corpus", train=64, dev=8, test=4)
+    src, tgt = corpus["test"] + ".en", corpus["test"] + ".es"
+    sources, targets = read_lines(src), read_lines(tgt)
+    hf, hf_tok = _hf(source)
+    expected = _hf_logprobs(hf, hf_tok, sources, targets)
+
+    scores = tmp_path / "scores.txt"
+    args = ["--workdir", str(imported)]
+    assert cli.score_main([*args, "--src", src, "--tgt", tgt, "--output", str(scores)]) == 0
+    ours = [float(line.split(" ||| ")[1]) for line in scores.read_text().splitlines()]
+    np.testing.assert_allclose(ours, expected, atol=2e-3)  # printed with 4 decimals
+
+    hyps, translated = tmp_path / "eval.hyp", tmp_path / "translate.hyp"
+    assert cli.evaluate_main([*args, "--src", src, "--ref", tgt, "--output", str(hyps)]) == 0
+    assert cli.translate_main([*args, "--input", src, "--output", str(translated)]) == 0
+    assert hyps.read_text() == translated.read_text()
+
+    out = tmp_path / "ct2"
+    assert cli.export_main([*args, "--to", "ctranslate2", str(out)]) == 0
+    _, pair, _, _ = load_trained(imported)
+    pieces = [[pair.source.id_to_piece(int(t)) for t in x[:-1]] for x in pair.encode(sources)]
+    tgt_pieces = [
+        [pair.target.id_to_piece(int(t)) for t in y[:-1]] for y in pair.target.encode(targets)
+    ]
+    scored = ctranslate2.Translator(str(out)).score_batch(pieces, tgt_pieces)
+    np.testing.assert_allclose([sum(r.log_probs) for r in scored], expected, atol=1e-3)
+
+    finetune = tmp_path / "finetune"
+    overrides = [
+        f"workdir={finetune}",
+        f"train.init_from={imported}",
+        f"data.train.path={corpus['train']}",
+        f"data.dev.path={corpus['dev']}",
+        f"data.test.path={corpus['test']}",
+        "data.max_len=32",
+        "data.max_tokens=256",
+        "train.steps=2",
+        "train.warmup_steps=1",
+        "train.log_every=1",
+        "train.dev_bleu=false",
+        "train.best_metric=loss",
+        "decode.test_limit=2",
+    ]
+    proc = run(
+        train_command(["--config", str(imported / "config.yaml"), *overrides]), cli_env()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (finetune / "vocab.json").read_bytes() == (source / "vocab.json").read_bytes()
+    config, tuned, _, _ = load_trained(finetune)
+    assert config.tokenizer.vocab_file == "vocab.json" and tuned.shared_ids
+    assert (finetune / "test.json").is_file()
