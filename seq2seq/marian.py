@@ -116,7 +116,9 @@ def model_config(hf: dict[str, Any], where: str = "config.json") -> ModelConfig:
             )
     d_model = int(get("d_model", 1024))
     if d_model % 2:
-        raise MarianImportError(f"{where}: d_model={d_model} is odd; sinusoidal positions need it even")
+        raise MarianImportError(
+            f"{where}: d_model={d_model} is odd; sinusoidal positions need it even"
+        )
     if get("encoder_layerdrop", 0) or get("decoder_layerdrop", 0):
         raise MarianImportError(f"{where}: encoder_layerdrop/decoder_layerdrop are not supported")
     vocab = int(get("vocab_size", 58101))
@@ -167,8 +169,10 @@ def read_weights(directory: Path) -> dict[str, np.ndarray]:
                 "reading model.safetensors needs the safetensors package "
                 "(pip install 'seq2seq[export]')"
             ) from e
-        files = [single] if single.is_file() else sorted(
-            {directory / f for f in _read_json(index).get("weight_map", {}).values()}
+        files = (
+            [single]
+            if single.is_file()
+            else sorted({directory / f for f in _read_json(index).get("weight_map", {}).values()})
         )
         out: dict[str, np.ndarray] = {}
         for f in files:
@@ -193,9 +197,11 @@ def read_weights(directory: Path) -> dict[str, np.ndarray]:
 
 def _sinusoidal_halves(rows: int, d_model: int) -> np.ndarray:
     """Marian's position table (float32 ``[rows, d_model]``), to check a stored one."""
+    import jax.numpy as jnp
+
     from seq2seq.model.positions import sinusoidal_embedding
 
-    return np.asarray(sinusoidal_embedding(np.arange(rows), d_model, layout="halves"))
+    return np.asarray(sinusoidal_embedding(jnp.arange(rows), d_model, layout="halves"))
 
 
 def convert_weights(
@@ -262,6 +268,7 @@ def convert_weights(
             for i in range(config.num_decoder_layers)
         },
     }
+
     def tied(*names: str) -> np.ndarray:
         """One matrix saved under any of ``names`` (tied copies must be equal)."""
         present = [n for n in names if n in w]
@@ -290,9 +297,7 @@ def convert_weights(
         params["embed"] = {"embedding": tied(*names, "lm_head.weight")}
     else:  # separate encoder embeddings, the decoder's tied to the output projection
         params["embed"] = {"embedding": tied(f"{enc}.embed_tokens.weight")}
-        params["target_embed"] = {
-            "embedding": tied(f"{dec}.embed_tokens.weight", "lm_head.weight")
-        }
+        params["target_embed"] = {"embedding": tied(f"{dec}.embed_tokens.weight", "lm_head.weight")}
     if "final_logits_bias" in w:
         params["logits_bias"] = take("final_logits_bias").reshape(-1)
     else:
@@ -313,6 +318,14 @@ def convert_weights(
             + (f" and {len(left) - 10} more" if len(left) > 10 else "")
         )
     return params
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """Each leaf's shape by its path."""
+    import jax
+
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(k): tuple(np.shape(v)) for k, v in leaves}
 
 
 def _languages(directory: Path, src_lang: str | None, tgt_lang: str | None) -> tuple[str, str]:
@@ -404,12 +417,12 @@ def import_marian(
         "decoder_start_token_id": tok.pad_id,
         "eos_token_id": tok.eos_id,
     }
-    for key, want in checks.items():
+    for key, expected in checks.items():
         have = hf.get(key)
-        if have is not None and have != want:
+        if have is not None and have != expected:
             raise MarianImportError(
                 f"{directory / 'config.json'}: {key}={have}, but {VOCAB_FILE} gives "
-                f"{want} ('<pad>' starts the decoder, '</s>' ends it)"
+                f"{expected} ('<pad>' starts the decoder, '</s>' ends it)"
             )
     if tok.vocab_size != model.vocab_size:
         raise MarianImportError(
@@ -434,24 +447,22 @@ def import_marian(
     params = convert_weights(read_weights(directory), model, str(directory))
     transformer = build_model(model, config.train.seed)
     state = nnx.state(transformer, nnx.Param)
-    shapes = jax.tree.map(np.shape, nnx.to_pure_dict(state))
-    got = jax.tree.map(np.shape, params)
-    if jax.tree.structure(shapes) != jax.tree.structure(got) or shapes != got:
-        mismatched = [
-            f"{jax.tree_util.keystr(k)}: ours {a}, checkpoint {b}"
-            for (k, a), b in zip(
-                jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))[0],
-                jax.tree.leaves(got, is_leaf=lambda x: isinstance(x, tuple)),
-            )
-            if a != b
+    want = _shapes(nnx.to_pure_dict(state))
+    have = _shapes(params)
+    if want != have:
+        wrong = [
+            f"{k}: ours {want.get(k)}, checkpoint {have.get(k)}"
+            for k in {**want, **have}
+            if want.get(k) != have.get(k)
         ]
         raise MarianImportError(
-            f"{directory}: weights of another shape than config.json says: "
-            + "; ".join(mismatched[:5])
+            f"{directory}: weights of another shape than config.json says: " + "; ".join(wrong[:5])
         )
     nnx.replace_by_pure_dict(state, jax.tree.map(jax.numpy.asarray, params))
     nnx.update(transformer, state)
-    _, train_state = create_train_state(transformer, make_optimizer(config.train), config.train.seed)
+    _, train_state = create_train_state(
+        transformer, make_optimizer(config.train), config.train.seed
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     save_config(config, config_path(out))

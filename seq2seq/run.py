@@ -334,9 +334,9 @@ def _reuse_tokenizer(config: Config, parent: Parent, workdir: Path) -> Tokenizer
             shutil.copyfile(tok.path, dest)
             log.info("tokenizer: %s copied from %s (train.init_from)", dest, tok.path)
     if theirs.target.vocab_path is not None and config.tokenizer.vocab_file is not None:
-        dest = vocab_path(config.tokenizer, workdir)  # the map that numbers the pieces
-        if dest is not None and dest.resolve() != theirs.target.vocab_path.resolve():
-            shutil.copyfile(theirs.target.vocab_path, dest)
+        to = vocab_path(config.tokenizer, workdir)  # the map that numbers the pieces
+        if to is not None and to.resolve() != theirs.target.vocab_path.resolve():
+            shutil.copyfile(theirs.target.vocab_path, to)
     return load_pair(
         config.tokenizer, workdir, src_lang=config.data.src_lang, tgt_lang=config.data.tgt_lang
     )

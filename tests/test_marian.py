@@ -151,8 +151,15 @@ SHAPES = {
         d_model=16, layers=(1, 3), heads=2, ffn=48, joint_spm=False, scale=False, activation="relu"
     ),
     "separate-embeddings-untied-bin": dict(
-        d_model=48, layers=(3, 1), heads=6, ffn=32, joint_spm=False, share=False, tie=False,
-        activation="gelu_new", weights="bin",
+        d_model=48,
+        layers=(3, 1),
+        heads=6,
+        ffn=32,
+        joint_spm=False,
+        share=False,
+        tie=False,
+        activation="gelu_new",
+        weights="bin",
     ),
     "shared-untied": dict(d_model=24, layers=(1, 1), heads=3, ffn=40, tie=False),
 }
@@ -237,7 +244,9 @@ def test_translations_equal_generate(beam, alpha, tmp_path):
     (tmp_path / "in.txt").write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
     out = tmp_path / "out.txt"
     args = ["--workdir", str(run), "--beam", str(beam), "--alpha", str(alpha)]
-    assert cli.translate_main([*args, "--input", str(tmp_path / "in.txt"), "--output", str(out)]) == 0
+    assert (
+        cli.translate_main([*args, "--input", str(tmp_path / "in.txt"), "--output", str(out)]) == 0
+    )
     ours = out.read_text(encoding="utf-8").splitlines()
     hf, hf_tok = _hf(source)
     theirs = _generate(
@@ -357,9 +366,7 @@ def test_an_imported_run_works_with_every_command(tmp_path):
         "train.best_metric=loss",
         "decode.test_limit=2",
     ]
-    proc = run(
-        train_command(["--config", str(imported / "config.yaml"), *overrides]), cli_env()
-    )
+    proc = run(train_command(["--config", str(imported / "config.yaml"), *overrides]), cli_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (finetune / "vocab.json").read_bytes() == (source / "vocab.json").read_bytes()
     config, tuned, _, _ = load_trained(finetune)

@@ -469,7 +469,9 @@ def train_or_load_pair(
     check_options(config)
     src_name, tgt_name = model_names(config, src_lang, tgt_lang)
     if config.vocab_file is not None:
-        ready = config.model_file if config.joint else config.src_model_file and config.tgt_model_file
+        ready = (
+            config.model_file if config.joint else config.src_model_file and config.tgt_model_file
+        )
         if not ready:
             raise TokenizerError(
                 f"tokenizer.vocab_file={config.vocab_file} numbers the pieces of existing "
