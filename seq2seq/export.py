@@ -349,6 +349,8 @@ def export_run(
     for tok in dict.fromkeys([tokenizer.source, tokenizer.target]):  # joint: one file
         shutil.copy2(tok.path, out / tok.path.name)
         spm_files.append(tok.path.name)
+    if tokenizer.target.vocab_path is not None:  # tokenizer.vocab_file: the piece → id map
+        shutil.copy2(tokenizer.target.vocab_path, out / tokenizer.target.vocab_path.name)
     as_yaml = config_yaml(config)
     if to == "safetensors":
         (out / "config.yaml").write_text(as_yaml, encoding="utf-8")

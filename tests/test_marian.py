@@ -349,6 +349,14 @@ def test_an_imported_run_works_with_every_command(tmp_path):
     ]
     scored = ctranslate2.Translator(str(out)).score_batch(pieces, tgt_pieces)
     np.testing.assert_allclose([sum(r.log_probs) for r in scored], expected, atol=1e-3)
+    assert (out / "vocab.json").read_bytes() == (source / "vocab.json").read_bytes()
+    weights = tmp_path / "st"
+    assert cli.export_main([*args, "--to", "safetensors", str(weights)]) == 0
+    from safetensors.numpy import load_file
+
+    exported = load_file(str(weights / "model.safetensors"))
+    np.testing.assert_array_equal(exported["logits_bias"], hf.final_logits_bias.numpy().reshape(-1))
+    assert (weights / "vocab.json").is_file()
 
     finetune = tmp_path / "finetune"
     overrides = [
