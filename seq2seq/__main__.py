@@ -21,6 +21,7 @@ COMMANDS = {
     "export": cli.export_main,
     "params": cli.params_main,
     "serve": cli.serve_main,
+    "import": cli.import_main,
 }
 
 

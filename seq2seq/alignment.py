@@ -91,7 +91,7 @@ def cross_attention(
         return []
     tok = translator.tokenizer
     sides = (tok.source, tok.target) if isinstance(tok, TokenizerPair) else (tok, tok)
-    src_sp, tgt_sp = sides[0].sp, sides[1].sp
+    src_side, tgt_side = sides
     src = []
     for x in tok.encode(list(sources)):
         if len(x) > translator.max_src_len:
@@ -113,8 +113,8 @@ def cross_attention(
     )  # [layers, rows, heads, width, width]
     return [
         Attention(
-            tuple(src_sp.id_to_piece(int(t)) for t in x),
-            tuple(tgt_sp.id_to_piece(int(t)) for t in y),
+            tuple(src_side.id_to_piece(int(t)) for t in x),
+            tuple(tgt_side.id_to_piece(int(t)) for t in y),
             cross[:, k, :, : len(y), : len(x)],
         )
         for k, (x, y) in enumerate(zip(src, tgt))

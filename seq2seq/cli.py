@@ -1037,3 +1037,36 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
     return 0
+
+
+def import_main(argv: Sequence[str] | None = None) -> int:
+    """``seq2seq-import --from marian DIR OUT [--src-lang L] [--tgt-lang L] [--overwrite]``."""
+    parser = argparse.ArgumentParser(
+        prog="seq2seq-import",
+        description="Turn a local Hugging Face Marian / OPUS-MT directory (config.json, weights, "
+        "source.spm, target.spm, vocab.json) into a run directory that every command reads.",
+    )
+    parser.add_argument(
+        "--from", dest="kind", required=True, choices=["marian"], help="checkpoint format"
+    )
+    parser.add_argument("directory", help="the Hugging Face model directory (local)")
+    parser.add_argument("out", help="the new run directory")
+    parser.add_argument("--src-lang", help="source language code (default: from the directory)")
+    parser.add_argument("--tgt-lang", help="target language code (default: from the directory)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    args = parser.parse_args(argv)
+    _setup_logging()
+    from seq2seq.marian import import_marian
+
+    try:
+        path = import_marian(
+            args.directory,
+            args.out,
+            src_lang=args.src_lang,
+            tgt_lang=args.tgt_lang,
+            overwrite=args.overwrite,
+        )
+    except (ValueError, OSError, RuntimeError) as e:
+        return _fail(str(e))
+    print(f"imported {args.directory} into {path}")
+    return 0

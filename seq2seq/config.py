@@ -204,6 +204,11 @@ class TokenizerConfig:
         the character.
       remove_extra_whitespaces: SentencePiece's whitespace handling: strip leading and
         trailing spaces and collapse runs of them (the default); false keeps them as written.
+      vocab_file: a JSON object mapping pieces to model ids (Marian's ``vocab.json``, written
+        by ``seq2seq-import``): the SentencePiece models only cut text into pieces and this
+        map numbers them, one id space for both sides (so ``model.share_embeddings: all``
+        works with separate models); its ``<pad>`` is pad and decoder start, ``</s>`` EOS.
+        A relative path is read in the run directory. None: SentencePiece's own ids.
     """
 
     joint: bool = rule(True, resume=FIXED, finetune=PARENT)
@@ -223,6 +228,7 @@ class TokenizerConfig:
     )
     byte_fallback: bool = rule(False, resume=FIXED, finetune=PARENT)
     remove_extra_whitespaces: bool = rule(True, resume=FIXED, finetune=PARENT)
+    vocab_file: str | None = rule(None, resume=FIXED, finetune=PARENT)
 
 
 # Choices that only run on a GPU backend: check_run_config refuses them elsewhere (named
@@ -248,7 +254,8 @@ class ModelConfig:
         (``seq2seq/data/recipe.py``).
       attention_dropout_rate: dropout on the attention weights (after softmax).
       activation_dropout_rate: dropout on the FFN hidden activation.
-      activation: FFN nonlinearity: ``relu`` (paper), ``gelu`` (Hendrycks & Gimpel 2016), or
+      activation: FFN nonlinearity: ``relu`` (paper), ``gelu`` (Hendrycks & Gimpel 2016, tanh
+        approximation), ``swish`` (x·sigmoid(x), SiLU; Ramachandran et al. 2017; Marian's), or
         the gated ``swiglu`` / ``geglu`` (Shazeer 2020; three d_model×d_ff matrices).
       norm: ``post`` (paper: LayerNorm(x + Sublayer(x))) or ``pre`` (x + Sublayer(LayerNorm(x))
         and a final LayerNorm per stack).
@@ -256,6 +263,9 @@ class ModelConfig:
         ``relative`` (T5 bucketed bias per head, Raffel et al. 2020), ``rope`` (Su et al.
         2021), ``alibi`` (Press et al. 2022) or ``none``. Sinusoidal, RoPE and ALiBi have no
         length limit; ``learned`` fails for inputs longer than ``max_len``.
+      sinusoidal_layout: where ``sinusoidal`` puts its sines and cosines: ``interleaved``
+        (§3.5: sin at even, cos at odd features) or ``halves`` (all sines, then all cosines
+        of the same frequencies: Marian's and OPUS-MT's table).
       relpos_buckets / relpos_max_distance: T5 relative-position buckets and the distance from
         which all positions share the last bucket (``relative`` only).
       rope_base: RoPE frequency base θ (Su et al. 2021, eq. 15; 10000).
@@ -264,6 +274,11 @@ class ModelConfig:
         ``none`` (three matrices). YAML ``true``/``false`` (the old boolean) mean ``all`` /
         ``target``.
       max_len: positions in the ``learned`` tables (unused by the other schemes).
+      scale_embeddings: multiply token embeddings by √d_model (§3.4) before the positions are
+        added; false: unscaled (Marian's ``scale_embedding: false``).
+      logits_bias: add a learned bias ``[vocab]`` to the output logits (Marian's
+        ``final_logits_bias``; zeros at init, trained like the other biases).
+      norm_epsilon: ε of every LayerNorm (1e-6; PyTorch and Marian use 1e-5).
       dtype: compute dtype, ``float32`` or ``bfloat16``; parameters stay float32, matmuls
         accumulate in float32 (``model/precision.py``), and softmax, LayerNorm statistics,
         logits and the loss are float32.
@@ -292,7 +307,7 @@ class ModelConfig:
     attention_dropout_rate: float = rule(0.0, resume=FREE)
     activation_dropout_rate: float = rule(0.0, resume=FREE)
     activation: str = rule(
-        "relu", resume=FIXED, finetune=FIXED, choices=("relu", "gelu", "swiglu", "geglu")
+        "relu", resume=FIXED, finetune=FIXED, choices=("relu", "gelu", "swish", "swiglu", "geglu")
     )
     norm: str = rule("pre", resume=FIXED, finetune=FIXED, choices=("pre", "post"))
     positions: str = rule(
@@ -301,6 +316,9 @@ class ModelConfig:
         finetune=FIXED,
         choices=("sinusoidal", "learned", "relative", "rope", "alibi", "none"),
     )
+    sinusoidal_layout: str = rule(
+        "interleaved", resume=FIXED, finetune=FIXED, choices=("interleaved", "halves")
+    )
     relpos_buckets: int = rule(32, resume=FIXED, finetune=FIXED)
     relpos_max_distance: int = rule(128, resume=FIXED, finetune=FIXED)
     rope_base: float = rule(10_000.0, resume=FIXED, finetune=FIXED)
@@ -308,6 +326,9 @@ class ModelConfig:
         "all", resume=FIXED, finetune=FIXED, choices=("all", "target", "none")
     )
     max_len: int = rule(512, resume=FIXED, finetune=FIXED)
+    scale_embeddings: bool = rule(True, resume=FIXED, finetune=FIXED)
+    logits_bias: bool = rule(False, resume=FIXED, finetune=FIXED)
+    norm_epsilon: float = rule(1e-6, resume=FIXED, finetune=FIXED)
     dtype: str = rule("float32", resume=FREE, choices=("float32", "bfloat16"))
     matmul_dtype: str = rule("float32", resume=FREE, choices=("float32", "bfloat16"))
     attention: str = rule("dense", resume=FREE, choices=("dense", "chunked", "cudnn"))

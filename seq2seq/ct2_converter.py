@@ -9,14 +9,16 @@ output is whatever the installed CTranslate2 writes and validates. The mapping:
   cross-attention's K, V one ``[2·d, d]`` projection.
 * Each ``_Residual``'s LayerNorm is the ``layer_norm`` of the sublayer it wraps (CTranslate2
   applies it before the sublayer when ``pre_norm``, after the residual add otherwise); the
-  pre-norm stacks' final norms are the encoder's and decoder's ``layer_norm``. ε = 1e-6
-  (``layers.layer_norm``) goes into the model config.
+  pre-norm stacks' final norms are the encoder's and decoder's ``layer_norm``. ε
+  (``model.norm_epsilon``) goes into the model config.
 * Gated FFNs: ``linear_0`` is the activated projection (``wi_gate``), ``linear_0_noact`` the
   linear one (``wi``). ``jax.nn.gelu`` is the tanh approximation: ``Activation.GELUTanh``.
-* Embeddings are scaled by √d_model in both (``scale_embeddings``). The output projection is
-  the tied target embedding, or ``output.kernel`` transposed; no bias.
-* Positions: ``sinusoidal`` (ours interleaves sin/cos; CTranslate2's built-in table
-  concatenates them) and ``learned`` are written as explicit tables, ``none`` as a zero table;
+* Embeddings are scaled by √d_model in both unless ``model.scale_embeddings`` is false
+  (CTranslate2's ``scale_embeddings``). The output projection is the tied target embedding,
+  or ``output.kernel`` transposed; its bias is ``logits_bias`` under ``model.logits_bias``.
+  ``swish`` is ``Activation.SWISH``.
+* Positions: ``sinusoidal`` (in ``model.sinusoidal_layout``; CTranslate2's built-in table
+  is the ``halves`` one) and ``learned`` are written as explicit tables, ``none`` as a zero table;
   ``relative`` is CTranslate2's T5 ``relative_attention_bias`` (same buckets, one table per
   stack shared by its layers, added after the 1/√d_k scaling, which CTranslate2 keeps);
   ``rope`` is CTranslate2's rotary embedding over the whole head with the half-split pairing
@@ -40,10 +42,10 @@ from seq2seq.model.positions import sinusoidal_embedding
 ACTIVATIONS = {
     "relu": common_spec.Activation.RELU,
     "gelu": common_spec.Activation.GELUTanh,
+    "swish": common_spec.Activation.SWISH,
     "swiglu": common_spec.Activation.SWISH,
     "geglu": common_spec.Activation.GELUTanh,
 }
-LAYER_NORM_EPSILON = 1e-6  # seq2seq.model.layers.layer_norm
 # Rows of the position table written for the schemes without a learned one (sinusoidal, none):
 # CTranslate2 reads positions past the table as an error, and 2048 exceeds any default limit.
 POSITION_TABLE_ROWS = 2048
@@ -108,7 +110,7 @@ class Seq2seqConverter(Converter):
         spec.config.eos_token = self.special["eos"]
         spec.config.decoder_start_token = self.special["bos"]
         spec.config.add_source_eos = True  # our sources end with EOS (Tokenizer.encode)
-        spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+        spec.config.layer_norm_epsilon = m.norm_epsilon
         spec.register_source_vocabulary(list(self.source_vocabulary))
         spec.register_target_vocabulary(list(self.target_vocabulary))
         return spec
@@ -150,12 +152,16 @@ class Seq2seqConverter(Converter):
             spec.position_encodings.encodings = self._p(f"{stack}.table")
         elif kind == "sinusoidal":
             rows = jnp.arange(max(POSITION_TABLE_ROWS, self.config.max_len))
-            spec.position_encodings.encodings = np.asarray(sinusoidal_embedding(rows, d))
+            layout = self.config.sinusoidal_layout
+            spec.position_encodings.encodings = np.asarray(
+                sinusoidal_embedding(rows, d, layout=layout)
+            )
         elif kind == "none":
             spec.position_encodings.encodings = np.zeros((POSITION_TABLE_ROWS, d), np.float32)
 
     def _set_encoder(self, spec) -> None:
         spec.embeddings[0].weight = self._p("embed.embedding")
+        spec.scale_embeddings = self.config.scale_embeddings
         self._positions(spec, "encoder_positions")
         if self.config.norm == "pre":
             self._norm(spec.layer_norm, "encoder_norm")
@@ -171,6 +177,9 @@ class Seq2seqConverter(Converter):
         table = "embed.embedding" if sharing == "all" else "target_embed.embedding"
         spec.embeddings.weight = self._p(table)
         spec.projection.weight = self._p("output.kernel").T if sharing == "none" else self._p(table)
+        if self.config.logits_bias:
+            spec.projection.bias = self._p("logits_bias")
+        spec.scale_embeddings = self.config.scale_embeddings
         self._positions(spec, "decoder_positions")
         if self.config.norm == "pre":
             self._norm(spec.layer_norm, "decoder_norm")

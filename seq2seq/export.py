@@ -86,13 +86,13 @@ def vocabularies(tokenizer: TokenizerPair) -> tuple[list[str], list[str], dict[s
     """Source and target pieces in id order, and the ``unk``/``bos``/``eos`` pieces."""
 
     def pieces(tok: Tokenizer) -> list[str]:
-        return [tok.sp.id_to_piece(i) for i in range(tok.vocab_size)]
+        return [tok.id_to_piece(i) for i in range(tok.vocab_size)]
 
     target = tokenizer.target
     special = {
-        "unk": target.sp.id_to_piece(target.unk_id),
-        "bos": target.sp.id_to_piece(target.bos_id),
-        "eos": target.sp.id_to_piece(target.eos_id),
+        "unk": target.id_to_piece(target.unk_id),
+        "bos": target.id_to_piece(target.bos_id),
+        "eos": target.id_to_piece(target.eos_id),
     }
     return pieces(tokenizer.source), pieces(target), special
 
@@ -157,13 +157,15 @@ def ctranslate2_options(
             "decode.length_penalty=gnmt ((5+|Y|)/6)^alpha has no CTranslate2 counterpart "
             "(its length_penalty divides by |Y|^alpha): use decode.length_penalty=plain"
         )
-    sp = tokenizer.target.sp
+    target = tokenizer.target
     return dict(
         beam_size=decode.beam_size,
         length_penalty=0.0 if decode.length_penalty == "none" else decode.alpha,
         min_decoding_length=decode.min_length,
         disable_unk=not decode.allow_unk,
-        suppress_sequences=[[sp.id_to_piece(i)] for i in (tokenizer.pad_id, tokenizer.bos_id)]
+        suppress_sequences=[
+            [target.id_to_piece(i)] for i in dict.fromkeys((tokenizer.pad_id, tokenizer.bos_id))
+        ]
         if suppress_special
         else None,
         return_end_token=True,
@@ -197,7 +199,7 @@ def ctranslate2_translate(
       ExportError: decoding options CTranslate2 cannot follow (``ctranslate2_options``).
     """
     options = ctranslate2_options(decode, tokenizer, suppress_special=suppress_special)
-    source_sp, target_sp = tokenizer.source.sp, tokenizer.target.sp
+    source_sp, target = tokenizer.source.sp, tokenizer.target
     results: list[tuple[list[int], float]] = [([], 0.0)] * len(lines)
     groups: dict[int, list[int]] = {}
     pieces = [source_sp.encode(line, out_type=str) for line in lines]
@@ -205,7 +207,7 @@ def ctranslate2_translate(
         if line.strip():
             limit = decode.output_limit(len(x) + 1)
             groups.setdefault(limit, []).append(i)
-    eos = target_sp.id_to_piece(tokenizer.eos_id)
+    eos = target.id_to_piece(tokenizer.eos_id)
     for limit, rows in sorted(groups.items()):
         out = translator.translate_batch(
             [pieces[i] for i in rows],
@@ -217,7 +219,7 @@ def ctranslate2_translate(
             tokens = list(result.hypotheses[0])
             if tokens and tokens[-1] == eos:
                 tokens = tokens[:-1]
-            results[i] = ([target_sp.piece_to_id(t) for t in tokens], float(result.scores[0]))
+            results[i] = ([target.piece_to_id(t) for t in tokens], float(result.scores[0]))
     return results
 
 
@@ -347,6 +349,8 @@ def export_run(
     for tok in dict.fromkeys([tokenizer.source, tokenizer.target]):  # joint: one file
         shutil.copy2(tok.path, out / tok.path.name)
         spm_files.append(tok.path.name)
+    if tokenizer.target.vocab_path is not None:  # tokenizer.vocab_file: the piece → id map
+        shutil.copy2(tokenizer.target.vocab_path, out / tokenizer.target.vocab_path.name)
     as_yaml = config_yaml(config)
     if to == "safetensors":
         (out / "config.yaml").write_text(as_yaml, encoding="utf-8")

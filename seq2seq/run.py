@@ -21,7 +21,7 @@ from seq2seq import evaluation
 from seq2seq.config import Config, replace, save_config
 from seq2seq.data.batching import MixedBatches
 from seq2seq.data.pipeline import PreparedData, decode_source_limit, fill_vocab_sizes, prepare
-from seq2seq.data.tokenizer import TokenizerPair, load_pair, model_names
+from seq2seq.data.tokenizer import TokenizerPair, load_pair, model_names, vocab_path
 from seq2seq.resolve import Resolved, check_run_config, log_changes, resolve_config
 from seq2seq.sharding import (
     Partitioner,
@@ -108,6 +108,10 @@ def _reuse_tokenizer(config: Config, parent: Parent, workdir: Path) -> Tokenizer
         if not dest.is_file() or dest.read_bytes() != tok.path.read_bytes():
             shutil.copyfile(tok.path, dest)
             log.info("tokenizer: %s copied from %s (train.init_from)", dest, tok.path)
+    if theirs.target.vocab_path is not None and config.tokenizer.vocab_file is not None:
+        to = vocab_path(config.tokenizer, workdir)  # the map that numbers the pieces
+        if to is not None and to.resolve() != theirs.target.vocab_path.resolve():
+            shutil.copyfile(theirs.target.vocab_path, to)
     return load_pair(
         config.tokenizer, workdir, src_lang=config.data.src_lang, tgt_lang=config.data.tgt_lang
     )

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from seq2seq.config import Config, DecodeConfig, load_config, replace, save_config
-from seq2seq.data.tokenizer import Tokenizer, TokenizerPair, load_pair, model_names
+from seq2seq.data.tokenizer import Tokenizer, TokenizerPair, load_pair, model_names, vocab_path
 from seq2seq.training.checkpoints import Checkpointer, CheckpointError
 from seq2seq.training.step import abstract_train_state
 from seq2seq.workdir import checkpoint_dir, checkpoint_steps, config_path
@@ -67,7 +67,7 @@ def _member_name(workdir: str | Path, step: int | None) -> str:
 
 
 def _pieces(tokenizer: Tokenizer) -> list[str]:
-    return [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    return [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
 
 
 def check_same_vocabulary(
@@ -249,6 +249,9 @@ def average_checkpoints(
         for name in (f"{stem}.model", f"{stem}.json"):
             if (workdir / name).is_file():
                 shutil.copy2(workdir / name, output / name)
+    vocab = vocab_path(config.tokenizer, workdir)
+    if vocab is not None and not Path(config.tokenizer.vocab_file or "").is_absolute():
+        shutil.copy2(vocab, vocab_path(config.tokenizer, output) or output)
     target = Checkpointer(checkpoint_dir(output), keep=None, async_save=False)
     try:
         target.save(steps[-1], averaged, {**meta, "averaged_from": steps, "source": str(workdir)})

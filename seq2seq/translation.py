@@ -476,7 +476,7 @@ class Translator:
                 lp = float(lps[r])
                 out[i] = Scored(
                     tokens=tuple(int(t) for t in y[:-1]),
-                    pieces=tuple(target.sp.id_to_piece(int(t)) for t in y),
+                    pieces=tuple(target.id_to_piece(int(t)) for t in y),
                     token_logprobs=values,
                     logprob=total,
                     score=total / lp,

@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.matrix]
 CHAINS: dict[str, dict] = {
     "sinusoidal": {
         "model.positions": "sinusoidal",
+        "model.sinusoidal_layout": "interleaved",
         "model.norm": "post",
         "model.activation": "relu",
         "model.share_embeddings": "all",
@@ -204,6 +205,21 @@ CHAINS: dict[str, dict] = {
         "model.activation": "relu",
         "format": "hub",
         "ready_models": True,
+    },
+    # the options an imported Marian / OPUS-MT model needs (seq2seq-import, tests/test_marian.py
+    # compares them with PyTorch's MarianMTModel), here trained and decoded from scratch
+    "marian-options": {
+        "light": True,
+        "model.positions": "sinusoidal",
+        "model.sinusoidal_layout": "halves",
+        "model.dtype": "float32",
+        "model.norm": "post",
+        "model.activation": "swish",
+        "model.scale_embeddings": False,
+        "model.logits_bias": True,
+        "model.norm_epsilon": 1e-5,
+        "format": "text",
+        "decode.length_penalty": "plain",
     },
     # blockwise attention (rows of 32 in blocks of 8 queries and 12 keys: a remainder); its
     # values equal dense's (tests/test_attention.py), here it runs through the entry point

@@ -165,3 +165,18 @@ def test_params_command_prints_the_report(capsys):
     assert "102,400" in capsys.readouterr().out  # 2 tables × 100 × 512
     assert cli.params_main(["model.positions=bogus"]) == 2
     assert "model.positions" in capsys.readouterr().err
+
+
+def test_logits_bias_counts_as_output_biases():
+    base = ModelConfig(
+        vocab_size=50,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    )
+    plain = parameter_counts(abstract_model(base))
+    biased = parameter_counts(abstract_model(replace(base, logits_bias=True)))
+    assert biased["embeddings"].biases - plain["embeddings"].biases == 50
+    assert biased["embeddings"].weights == plain["embeddings"].weights

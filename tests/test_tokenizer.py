@@ -380,3 +380,85 @@ def test_remove_extra_whitespaces_false_keeps_the_spaces_as_written(tmp_path):
     kept = train_or_load(en + es, cfg(remove_extra_whitespaces=False), tmp_path / "kept")
     assert default.decode(default.encode([line]))[0] == "Tom sees the cat."
     assert kept.decode(kept.encode([line]))[0] == line
+
+
+def _piece_map(tok: Tokenizer, path, *, drop=(), code=None) -> dict[str, int]:
+    """A Marian-style map of ``tok``'s pieces: ``</s>`` 0, ``<unk>`` 1, the other pieces in
+    reverse order (so that map ids differ from SentencePiece's), ``<pad>`` last."""
+    mapping = {"</s>": 0, "<unk>": 1}
+    if code:
+        mapping[code] = len(mapping)
+    for i in reversed(range(tok.vocab_size)):
+        piece = tok.sp.id_to_piece(i)
+        if piece not in mapping and piece not in drop and i not in (0, 2, 3):
+            mapping[piece] = len(mapping)
+    mapping["<pad>"] = len(mapping)
+    path.write_text(json.dumps(mapping), encoding="utf-8")
+    return mapping
+
+
+def test_vocab_file_numbers_pieces_through_the_map(tmp_path):
+    en, es = corpus()
+    tok = train_or_load(en + es, cfg(), tmp_path)
+    text = "We see the cat."
+    kept = tok.sp.encode(text, out_type=str)
+    dropped = next(p for p in tok.sp.encode("Tom", out_type=str) if p not in kept)
+    mapping = _piece_map(tok, tmp_path / "vocab.json", drop=[dropped], code=">>es<<")
+    mapped = Tokenizer(tok.path, tmp_path / "vocab.json")
+    assert (mapped.eos_id, mapped.unk_id, mapped.pad_id, mapped.bos_id) == (
+        0,
+        1,
+        len(mapping) - 1,
+        len(mapping) - 1,
+    )
+    assert mapped.vocab_size == len(mapping) and mapped.sha256 != tok.sha256
+    ids = mapped.encode([text, ">>es<< " + text, "Tom"])
+    want = [mapping[p] for p in tok.sp.encode(text, out_type=str)] + [0]
+    assert ids[0].tolist() == want and ids[1].tolist() == [mapping[">>es<<"], *want]
+    assert 1 in ids[2]  # a piece missing from the map is the unknown piece
+    assert [mapped.id_to_piece(i) for i in want[:-1]] == tok.sp.encode(text, out_type=str)
+    assert mapped.piece_to_id("no such piece") == 1
+    assert mapped.decode([[mapped.pad_id, *ids[0].tolist(), mapped.pad_id]]) == [text]
+    pair = TokenizerPair(mapped, Tokenizer(tok.path, tmp_path / "vocab.json"))
+    assert pair.shared_ids and not pair.joint
+    loaded = load_pair(
+        cfg(
+            joint=False,
+            vocab_file="vocab.json",
+            src_model_file=str(tok.path),
+            tgt_model_file=str(tok.path),
+        ),
+        tmp_path,
+        src_lang="en",
+        tgt_lang="es",
+    )
+    assert loaded.shared_ids and loaded.encode([text])[0].tolist() == want
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("[1, 2]", "expected a JSON object of piece"),
+        ('{"</s>": 0, "<unk>": 0, "<pad>": 1}', "ids must be distinct"),
+        ('{"</s>": 0, "<unk>": 1, "<pad>": 5}', "has id 5"),
+        ('{"</s>": 0, "<unk>": 1}', "has no '<pad>' piece"),
+        ("{", "not JSON"),
+    ],
+)
+def test_bad_vocab_file_is_named(tmp_path, content, message):
+    en, es = corpus()
+    tok = train_or_load(en + es, cfg(), tmp_path)
+    (tmp_path / "vocab.json").write_text(content, encoding="utf-8")
+    with pytest.raises(TokenizerError, match=re.escape(message)):
+        Tokenizer(tok.path, tmp_path / "vocab.json")
+    with pytest.raises(TokenizerError, match="vocabulary map not found"):
+        Tokenizer(tok.path, tmp_path / "missing.json")
+    with pytest.raises(TokenizerError, match="numbers the pieces of existing"):
+        train_or_load_pair(
+            en,
+            es,
+            cfg(joint=False, vocab_file="vocab.json"),
+            tmp_path,
+            src_lang="en",
+            tgt_lang="es",
+        )

@@ -94,7 +94,8 @@ def check_vocabularies(config: Config) -> None:
       ConfigError: separate vocabularies (``tokenizer.joint=false``) with
         ``model.share_embeddings=all``, or an invalid tokenizer option.
     """
-    if not config.tokenizer.joint and config.model.share_embeddings == "all":
+    tok = config.tokenizer
+    if not tok.joint and tok.vocab_file is None and config.model.share_embeddings == "all":
         raise ConfigError(
             "tokenizer.joint=false gives the source and target separate "
             "vocabularies, which cannot share one embedding matrix: set "
@@ -115,13 +116,13 @@ def fill_vocab_sizes(config: Config, tokenizer: TokenizerPair) -> Config:
         vocabularies meet ``model.share_embeddings=all``.
     """
     m = config.model
-    if not tokenizer.joint and m.share_embeddings == "all":
+    if not tokenizer.shared_ids and m.share_embeddings == "all":
         raise ConfigError(
             "the source and target tokenizers are separate models; set "
             "model.share_embeddings=target or none"
         )
     sizes = {"vocab_size": ("target", tokenizer.vocab_size)}
-    if not tokenizer.joint:
+    if not tokenizer.shared_ids:
         sizes["src_vocab_size"] = ("source", tokenizer.src_vocab_size)
     elif m.src_vocab_size not in (0, tokenizer.vocab_size):
         raise ConfigError(
@@ -225,10 +226,10 @@ def _joined(parts: list[Corpus]) -> Corpus:
 def _check_tags(config: Config, tokenizer: TokenizerPair) -> None:
     """Every tag must be one piece of the source vocabulary (an unknown tag, e.g. with a
     reused tokenizer that lacks it, is an error)."""
-    sp = tokenizer.source.sp
+    source = tokenizer.source
     for split in SPLITS:
         for i, s in enumerate(config.data.corpora(split)):
-            if s.tag and sp.piece_to_id(s.tag) == sp.unk_id():
+            if s.tag and source.piece_to_id(s.tag) == source.unk_id:
                 raise ConfigError(
                     f"data.{split}.{i}.tag={s.tag!r} is not a piece of the source tokenizer "
                     f"{tokenizer.source.path}: an unknown tag (a tokenizer trained here adds "

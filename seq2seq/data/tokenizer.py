@@ -33,6 +33,8 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MODEL_TYPES = choices("tokenizer.model_type")  # from the schema (seq2seq/config.py)
 NORMALIZATIONS = choices("tokenizer.normalization")
 BYTE_PIECES = 256  # what byte_fallback adds to the vocabulary
+# a Marian target-language code such as ">>fra<<" at the start of a source text
+_LANGUAGE_CODE = re.compile(r"\s*(>>[^<>\s]+<<)\s*")
 # The options that change what training produces; the reuse hash covers exactly these, so
 # e.g. pointing ``tgt_model_file`` at a file does not retrain the source model.
 _TRAINING_OPTIONS = (
@@ -69,15 +71,23 @@ class TokenizerError(ValueError):
 class Tokenizer:
     """A loaded SentencePiece model with batch encode/decode.
 
+    With ``vocab_file`` (a JSON object piece → id, Marian's ``vocab.json``) the model only
+    cuts text into pieces and the map numbers them, as Hugging Face's ``MarianTokenizer``
+    does: a piece missing from the map is the map's unknown piece, a ``>>xx<<`` language code
+    at the start of a text that is in the map is one token, ``<pad>`` is pad and BOS (Marian's
+    decoder start) and ``</s>`` EOS.
+
     Args:
       model_file: path of a ``.model`` file.
+      vocab_file: path of the piece → id map, or None for SentencePiece's own ids.
 
     Raises:
       TokenizerError: the file is missing, not a SentencePiece model, or lacks a pad, bos or
-        eos piece.
+        eos piece; the map is not a JSON object of distinct ids 0 … n−1, or lacks ``<pad>``,
+        ``</s>`` or the model's unknown piece.
     """
 
-    def __init__(self, model_file: str | Path):
+    def __init__(self, model_file: str | Path, vocab_file: str | Path | None = None):
         path = Path(model_file)
         if not path.is_file():
             raise TokenizerError(f"tokenizer model not found: {path}")
@@ -89,6 +99,12 @@ class Tokenizer:
             raise TokenizerError(f"{path}: not a SentencePiece model ({e})") from e
         self.path = path
         self.sha256 = hashlib.sha256(data).hexdigest()  # identifies the model in cache keys
+        self.piece_ids: dict[str, int] | None = None
+        self.pieces: list[str] = []  # model id → piece (with piece_ids only)
+        self.vocab_path: Path | None = None
+        if vocab_file is not None:
+            self._load_map(Path(vocab_file))
+            return
         self.pad_id = self.sp.pad_id()
         self.unk_id = self.sp.unk_id()
         self.bos_id = self.sp.bos_id()
@@ -100,15 +116,73 @@ class Tokenizer:
                 " -1 = missing); train it with --pad_id/--bos_id/--eos_id"
             )
 
+    def _load_map(self, path: Path) -> None:
+        if not path.is_file():
+            raise TokenizerError(f"vocabulary map not found: {path} (tokenizer.vocab_file)")
+        raw = path.read_bytes()
+        try:
+            mapping = json.loads(raw)
+        except ValueError as e:
+            raise TokenizerError(f"{path}: not JSON ({e})") from e
+        if not isinstance(mapping, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) for k, v in mapping.items()
+        ):
+            raise TokenizerError(f"{path}: expected a JSON object of piece → integer id")
+        seen: set[int] = set()
+        for piece, i in mapping.items():
+            if not 0 <= i < len(mapping) or i in seen:
+                raise TokenizerError(
+                    f"{path}: piece {piece!r} has id {i}; the ids must be distinct and "
+                    f"0 … {len(mapping) - 1}"
+                )
+            seen.add(i)
+        pieces = sorted(mapping, key=mapping.__getitem__)
+        unk = self.sp.id_to_piece(self.sp.unk_id())
+        for name in ("<pad>", "</s>", unk):
+            if name not in mapping:
+                raise TokenizerError(f"{path}: has no {name!r} piece (pad/EOS/unknown)")
+        self.piece_ids, self.pieces, self.vocab_path = mapping, pieces, path
+        self.pad_id = self.bos_id = mapping["<pad>"]
+        self.eos_id, self.unk_id = mapping["</s>"], mapping[unk]
+        self.sha256 = hashlib.sha256(self.sha256.encode() + raw).hexdigest()
+
     @property
     def vocab_size(self) -> int:
-        """Number of pieces, special ids included."""
-        return self.sp.get_piece_size()
+        """Number of pieces (model ids), special ids included."""
+        return len(self.pieces) if self.piece_ids is not None else self.sp.get_piece_size()
+
+    def id_to_piece(self, i: int) -> str:
+        """The piece of model id ``i``."""
+        return self.pieces[i] if self.piece_ids is not None else self.sp.id_to_piece(i)
+
+    def piece_to_id(self, piece: str) -> int:
+        """The model id of ``piece`` (``unk_id`` for a piece not in the vocabulary)."""
+        if self.piece_ids is not None:
+            return self.piece_ids.get(piece, self.unk_id)
+        return self.sp.piece_to_id(piece)
 
     def encode(self, texts: Sequence[str], *, add_eos: bool = True) -> list[np.ndarray]:
         """Token ids of each text: int32 arrays ``[len_i]``, ending with EOS when ``add_eos``."""
-        ids = self.sp.encode(list(texts), out_type=int, add_eos=add_eos, num_threads=0)
-        return [np.asarray(x, dtype=np.int32) for x in ids]
+        if self.piece_ids is None:
+            ids = self.sp.encode(list(texts), out_type=int, add_eos=add_eos, num_threads=0)
+            return [np.asarray(x, dtype=np.int32) for x in ids]
+        codes, bodies = [], []
+        for text in texts:
+            code = _LANGUAGE_CODE.match(text)
+            if code and code.group(1) in self.piece_ids:
+                codes.append([self.piece_ids[code.group(1)]])
+                bodies.append(text[code.end() :])
+            else:
+                codes.append([])
+                bodies.append(text)
+        eos = [self.eos_id] if add_eos else []
+        get, unk = self.piece_ids.get, self.unk_id
+        return [
+            np.asarray(code + [get(p, unk) for p in pieces] + eos, dtype=np.int32)
+            for code, pieces in zip(
+                codes, self.sp.encode(bodies, out_type=str, num_threads=0), strict=True
+            )
+        ]
 
     def decode(self, ids: Iterable[Sequence[int]]) -> list[str]:
         """Detokenized text of each id sequence; stops at the first EOS, drops pad/BOS."""
@@ -117,7 +191,11 @@ class Tokenizer:
             seq = [int(t) for t in seq]
             if self.eos_id in seq:
                 seq = seq[: seq.index(self.eos_id)]
-            out.append(self.sp.decode([t for t in seq if t not in (self.pad_id, self.bos_id)]))
+            kept = [t for t in seq if t not in (self.pad_id, self.bos_id)]
+            if self.piece_ids is None:
+                out.append(self.sp.decode(kept))
+            else:
+                out.append(self.sp.decode_pieces([self.pieces[t] for t in kept]))
         return out
 
 
@@ -152,6 +230,13 @@ class TokenizerPair:
     def joint(self) -> bool:
         """True when source and target share one model (one vocabulary)."""
         return self.source is self.target
+
+    @property
+    def shared_ids(self) -> bool:
+        """True when both sides number pieces in one id space: one model, or two models
+        numbered by the same ``vocab_file`` map."""
+        s, t = self.source, self.target
+        return self.joint or (s.piece_ids is not None and s.piece_ids == t.piece_ids)
 
     @property
     def vocab_size(self) -> int:
@@ -383,6 +468,17 @@ def train_or_load_pair(
     """
     check_options(config)
     src_name, tgt_name = model_names(config, src_lang, tgt_lang)
+    if config.vocab_file is not None:
+        ready = (
+            config.model_file if config.joint else config.src_model_file and config.tgt_model_file
+        )
+        if not ready:
+            raise TokenizerError(
+                f"tokenizer.vocab_file={config.vocab_file} numbers the pieces of existing "
+                "SentencePiece models: give them (tokenizer.model_file, or src_model_file and "
+                "tgt_model_file) or start from an imported run (train.init_from)"
+            )
+        return load_pair(config, workdir, src_lang=src_lang, tgt_lang=tgt_lang)
     if config.joint:
         tok = train_or_load(
             list(sources) + list(targets),
@@ -421,10 +517,16 @@ def load_pair(
     """
     src_name, tgt_name = model_names(config, src_lang, tgt_lang)
     workdir = Path(workdir)
+    vocab = vocab_path(config, workdir)
     if config.joint:
-        tok = Tokenizer(config.model_file or workdir / f"{src_name}.model")
+        tok = Tokenizer(config.model_file or workdir / f"{src_name}.model", vocab)
         return TokenizerPair(tok, tok)
     return TokenizerPair(
-        Tokenizer(config.src_model_file or workdir / f"{src_name}.model"),
-        Tokenizer(config.tgt_model_file or workdir / f"{tgt_name}.model"),
+        Tokenizer(config.src_model_file or workdir / f"{src_name}.model", vocab),
+        Tokenizer(config.tgt_model_file or workdir / f"{tgt_name}.model", vocab),
     )
+
+
+def vocab_path(config: TokenizerConfig, workdir: str | Path) -> Path | None:
+    """``tokenizer.vocab_file`` resolved in the run directory (None when unset)."""
+    return None if config.vocab_file is None else Path(workdir) / config.vocab_file

@@ -22,6 +22,7 @@ from seq2seq.model.precision import linear_dot_general
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
     "gelu": jax.nn.gelu,
+    "swish": jax.nn.silu,  # x·sigmoid(x) (Ramachandran et al. 2017), Marian's ``swish``
     # gated (Shazeer 2020, "GLU Variants Improve Transformer", eqs. 5-6): act(xW) ⊙ xV
     "swiglu": jax.nn.silu,
     "geglu": jax.nn.gelu,
@@ -29,14 +30,15 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 GATED = ("swiglu", "geglu")
 
 
-def layer_norm(d_model: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    """LayerNorm (Ba et al. 2016) over the last axis; statistics in float32 (eps 1e-6).
+def layer_norm(d_model: int, rngs: nnx.Rngs, epsilon: float = 1e-6) -> nnx.LayerNorm:
+    """LayerNorm (Ba et al. 2016) over the last axis; statistics in float32 (``epsilon``:
+    ``model.norm_epsilon``).
 
     Output is float32; callers cast back to the compute dtype.
     """
     return nnx.LayerNorm(
         d_model,
-        epsilon=1e-6,
+        epsilon=epsilon,
         dtype=jnp.float32,
         rngs=rngs,
         scale_init=logical(nnx.initializers.ones, ("embed",)),
@@ -116,11 +118,18 @@ class FeedForward(nnx.Module):
 class _Residual(nnx.Module):
     """One residual sublayer with its LayerNorm and dropout, pre- or post-norm."""
 
-    def __init__(self, d_model: int, norm: str, dropout_rate: float, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        d_model: int,
+        norm: str,
+        dropout_rate: float,
+        rngs: nnx.Rngs,
+        epsilon: float = 1e-6,
+    ):
         if norm not in ("pre", "post"):
             raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
         self.pre = norm == "pre"
-        self.norm = layer_norm(d_model, rngs)
+        self.norm = layer_norm(d_model, rngs, epsilon)
         self.dropout = nnx.Dropout(dropout_rate)
 
     def __call__(
@@ -153,6 +162,12 @@ def _attention(config: ModelConfig, dtype, rngs: nnx.Rngs) -> MultiHeadAttention
     )
 
 
+def _residual(config: ModelConfig, rngs: nnx.Rngs) -> _Residual:
+    return _Residual(
+        config.d_model, config.norm, config.residual_dropout, rngs, config.norm_epsilon
+    )
+
+
 def _ffn(config: ModelConfig, dtype, rngs: nnx.Rngs) -> FeedForward:
     return FeedForward(
         config.d_model,
@@ -181,8 +196,8 @@ class EncoderLayer(nnx.Module):
     def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
         self.self_attention = _attention(config, dtype, rngs)
         self.ffn = _ffn(config, dtype, rngs)
-        self.attention_block = _Residual(config.d_model, config.norm, config.residual_dropout, rngs)
-        self.ffn_block = _Residual(config.d_model, config.norm, config.residual_dropout, rngs)
+        self.attention_block = _residual(config, rngs)
+        self.ffn_block = _residual(config, rngs)
 
     def __call__(
         self,
@@ -232,9 +247,9 @@ class DecoderLayer(nnx.Module):
         self.self_attention = _attention(config, dtype, rngs)
         self.cross_attention = _attention(config, dtype, rngs)
         self.ffn = _ffn(config, dtype, rngs)
-        self.self_block = _Residual(config.d_model, config.norm, config.residual_dropout, rngs)
-        self.cross_block = _Residual(config.d_model, config.norm, config.residual_dropout, rngs)
-        self.ffn_block = _Residual(config.d_model, config.norm, config.residual_dropout, rngs)
+        self.self_block = _residual(config, rngs)
+        self.cross_block = _residual(config, rngs)
+        self.ffn_block = _residual(config, rngs)
 
     def __call__(
         self,

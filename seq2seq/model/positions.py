@@ -31,17 +31,24 @@ from seq2seq.model.axes import logical
 
 
 def sinusoidal_embedding(
-    positions: jax.Array, d_model: int, max_timescale: float = 10_000.0
+    positions: jax.Array,
+    d_model: int,
+    max_timescale: float = 10_000.0,
+    layout: str = "interleaved",
 ) -> jax.Array:
     """Sinusoidal position encodings, computed on the fly for any position.
 
     PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))
-    (Vaswani et al. 2017, §3.5). Sines fill the even feature indices and cosines the odd ones,
-    exactly as in the formula. No table is stored, so there is no maximum length.
+    (Vaswani et al. 2017, §3.5). ``interleaved``: sines fill the even feature indices and
+    cosines the odd ones, exactly as in the formula; ``halves``: the d/2 sines, then the d/2
+    cosines of the same frequencies (Marian's table, as Hugging Face's
+    ``MarianSinusoidalPositionalEmbedding`` builds it). No table is stored, so there is no
+    maximum length.
 
     Args:
       positions: int ``[...]`` positions (per-segment when packed).
       d_model: feature size; must be even.
+      layout: ``interleaved`` or ``halves``.
 
     Returns:
       float32 ``[..., d_model]``.
@@ -54,6 +61,10 @@ def sinusoidal_embedding(
     two_i = jnp.arange(0, d_model, 2, dtype=jnp.float32)
     inv_freq = 1.0 / (max_timescale ** (two_i / d_model))
     angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    if layout == "halves":
+        return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+    if layout != "interleaved":
+        raise ValueError(f"unknown sinusoidal layout {layout!r}; expected interleaved or halves")
     # interleave: [..., d/2, 2] -> [..., d] puts sin at 2i and cos at 2i+1
     return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
 
@@ -251,6 +262,7 @@ class Positions(nnx.Module):
       causal: decoder stack (relative buckets are one-directional).
       max_len: table size for ``learned``.
       relpos_buckets / relpos_max_distance: for ``relative``.
+      sinusoidal_layout: ``interleaved`` or ``halves`` (``sinusoidal_embedding``).
       rngs: initialisation keys.
 
     Raises:
@@ -267,12 +279,14 @@ class Positions(nnx.Module):
         max_len: int = 512,
         relpos_buckets: int = 32,
         relpos_max_distance: int = 128,
+        sinusoidal_layout: str = "interleaved",
         rngs: nnx.Rngs,
     ):
         if kind not in ("sinusoidal", "learned", "relative", "rope", "alibi", "none"):
             raise ValueError(f"unknown position scheme {kind!r}")
         self.kind, self.d_model, self.num_heads = kind, d_model, num_heads
         self.max_len = max_len
+        self.sinusoidal_layout = sinusoidal_layout
         if kind == "learned":
             # small init, as BERT (Devlin et al. 2019) does for its learned position table
             init = logical(nnx.initializers.normal(stddev=0.02), ("positions", "embed"))
@@ -301,7 +315,8 @@ class Positions(nnx.Module):
         positions must be < ``max_len`` (``check_length`` guards the static lengths).
         """
         if self.kind == "sinusoidal":
-            return x + sinusoidal_embedding(positions, self.d_model).astype(x.dtype)
+            table = sinusoidal_embedding(positions, self.d_model, layout=self.sinusoidal_layout)
+            return x + table.astype(x.dtype)
         if self.kind == "learned":
             return x + jnp.take(self.table[...], positions, axis=0).astype(x.dtype)
         return x

@@ -10,6 +10,7 @@ Counting rules (so the numbers can be checked against the paper, Vaswani et al. 
   d_model); each LayerNorm d_model scales + d_model offsets.
 * A shared (tied) matrix is counted once: ``share_embeddings: all`` has one vocab×d_model
   embedding, ``target`` two, ``none`` two plus a d_model×vocab output matrix (no bias).
+* ``model.logits_bias``: its vocab-sized vector counts as biases of ``embeddings``.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def component_of(path: tuple) -> str:
     if any(n == "norm" or n.endswith("_norm") for n in names):
         return "norms"
     head = names[0]
-    if head in ("embed", "target_embed", "output"):
+    if head in ("embed", "target_embed", "output", "logits_bias"):
         return "embeddings"
     if head in ("encoder_positions", "decoder_positions"):
         return "positions"
@@ -87,7 +88,7 @@ def component_of(path: tuple) -> str:
 def parameter_counts(model: nnx.Module) -> dict[str, Count]:
     """Parameters of ``model`` (real or abstract) per component, in ``COMPONENTS`` order.
 
-    A leaf named ``bias`` counts as biases, everything else as weights.
+    A leaf named ``bias`` (or ``logits_bias``) counts as biases, everything else as weights.
 
     Raises:
       ValueError: a parameter belongs to no component.
@@ -97,7 +98,7 @@ def parameter_counts(model: nnx.Module) -> dict[str, Count]:
         size = 1
         for dim in variable.get_value().shape:
             size *= dim
-        sums[component_of(path)][path[-1] == "bias"] += size
+        sums[component_of(path)][path[-1] in ("bias", "logits_bias")] += size
     return {name: Count(w, b) for name, (w, b) in sums.items()}
 
 

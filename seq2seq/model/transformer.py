@@ -1,7 +1,8 @@
 """The Transformer encoder-decoder (Vaswani et al. 2017, §3) in Flax NNX.
 
 Inputs are int32 token ids ``[batch, length]`` with segment ids (0 = padding; packed rows hold
-several segments) and per-segment positions. Embeddings are scaled by √d_model (§3.4); the
+several segments) and per-segment positions. Embeddings are scaled by √d_model (§3.4; unless
+``model.scale_embeddings`` is false); the
 position signal (``model.positions``, see ``positions.py``) is added to them or acts inside
 self-attention. The embedding matrices are shared as ``model.share_embeddings`` says (§3.4).
 Logits are returned in float32.
@@ -80,8 +81,9 @@ class Transformer(nnx.Module):
     target and output projection when ``share_embeddings`` is ``all``), ``target_embed``
     (``target``/``none``; the output projection too under ``target``), ``output``
     [d_model, vocab] without bias (``none``), ``encoder_positions``/``decoder_positions`` (a
-    learned table or relative-bias table when the scheme has one), the layers and, for
-    pre-norm, ``encoder_norm``/``decoder_norm``.
+    learned table or relative-bias table when the scheme has one), the layers, for
+    pre-norm ``encoder_norm``/``decoder_norm``, and ``logits_bias`` [vocab] under
+    ``model.logits_bias``.
 
     Args:
       config: ``ModelConfig``; ``vocab_size`` must be set (> 0); ``src_vocab_size`` (if not 0)
@@ -132,6 +134,7 @@ class Transformer(nnx.Module):
             max_len=config.max_len,
             relpos_buckets=config.relpos_buckets,
             relpos_max_distance=config.relpos_max_distance,
+            sinusoidal_layout=config.sinusoidal_layout,
             rngs=rngs,
         )
         self.decoder_positions = Positions(
@@ -142,6 +145,7 @@ class Transformer(nnx.Module):
             max_len=config.max_len,
             relpos_buckets=config.relpos_buckets,
             relpos_max_distance=config.relpos_max_distance,
+            sinusoidal_layout=config.sinusoidal_layout,
             rngs=rngs,
         )
         self.encoder_layers = nnx.List(
@@ -151,8 +155,11 @@ class Transformer(nnx.Module):
             [DecoderLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_decoder_layers)]
         )
         if config.norm == "pre":
-            self.encoder_norm = layer_norm(d, rngs)
-            self.decoder_norm = layer_norm(d, rngs)
+            self.encoder_norm = layer_norm(d, rngs, config.norm_epsilon)
+            self.decoder_norm = layer_norm(d, rngs, config.norm_epsilon)
+        if config.logits_bias:
+            bias_init = logical(nnx.initializers.zeros, ("vocab",))
+            self.logits_bias = nnx.Param(bias_init(rngs.params(), (vocab,), jnp.float32))
         self.dropout = nnx.Dropout(config.residual_dropout)
 
     # -- embeddings -------------------------------------------------------------------------
@@ -169,7 +176,9 @@ class Transformer(nnx.Module):
         deterministic,
         rngs,
     ):
-        x = table(tokens) * jnp.sqrt(self.config.d_model).astype(self.dtype)
+        x = table(tokens)
+        if self.config.scale_embeddings:
+            x = x * jnp.sqrt(self.config.d_model).astype(self.dtype)
         x = positions.add(x, token_positions)
         return self.dropout(x, deterministic=deterministic, rngs=rngs)
 
@@ -178,7 +187,8 @@ class Transformer(nnx.Module):
 
         The final decoder LayerNorm (pre-norm) is applied here, then the (tied) target
         embedding transposed, or the separate ``output`` matrix under ``share_embeddings: none``,
-        multiplied in the compute dtype and accumulated in float32.
+        multiplied in the compute dtype and accumulated in float32; plus ``logits_bias``
+        (float32 ``[vocab]``) under ``model.logits_bias``.
         """
         if self.config.norm == "pre":
             x = self.decoder_norm(x)  # float32 statistics; cast to the compute dtype below
@@ -186,11 +196,15 @@ class Transformer(nnx.Module):
         x = x.astype(self.dtype)
         if self.config.share_embeddings == "none":
             kernel = self.output.kernel[...].astype(self.dtype)
-            return matmul(x, kernel, out_dtype=jnp.float32, operand_dtype=self.matmul_dtype)
-        table = self._target_embedding().embedding[...].astype(self.dtype)
-        return matmul(
-            x, table, w_transposed=True, out_dtype=jnp.float32, operand_dtype=self.matmul_dtype
-        )
+            logits = matmul(x, kernel, out_dtype=jnp.float32, operand_dtype=self.matmul_dtype)
+        else:
+            table = self._target_embedding().embedding[...].astype(self.dtype)
+            logits = matmul(
+                x, table, w_transposed=True, out_dtype=jnp.float32, operand_dtype=self.matmul_dtype
+            )
+        if self.config.logits_bias:
+            logits = logits + self.logits_bias[...]
+        return logits
 
     # -- masks and biases -------------------------------------------------------------------
     def _mask(self, mask: SegmentMask) -> SegmentMask | jax.Array:
