@@ -458,7 +458,7 @@ class TrainConfig:
     dev_bleu: bool = rule(True, resume=FREE)
     bleu_subset: int = rule(500, resume=FREE)
     bleu_beam_size: int = rule(1, resume=FREE)
-    best_metric: str = rule("bleu", resume=FIXED, choices=("bleu", "loss"))
+    best_metric: str = rule("bleu", resume=FIXED, choices=("bleu", "chrf", "loss"))
     keep_checkpoints: int = rule(3, resume=FREE)
     keep_best: bool = rule(True, resume=FREE)
     patience: int = rule(0, resume=FREE)

@@ -118,7 +118,7 @@ def test_the_tables_derive_from_the_rules():
         for f in dataclasses.fields(ModelConfig)
         if choices(f"model.{f.name}")
     }
-    assert len(MODEL_CHOICES) == 7 and MODEL_CHOICES["attention"] == ("dense", "chunked", "cudnn")
+    assert len(MODEL_CHOICES) == 8 and MODEL_CHOICES["attention"] == ("dense", "chunked", "cudnn")
     assert SCHEDULES == choices("train.schedule") == ("rsqrt", "linear")
     assert tuple(MODES) == choices("train.best_metric")
     assert LENGTH_PENALTIES == choices("decode.length_penalty")
