@@ -76,7 +76,15 @@ def test_float32_operands_make_scores_independent_of_the_batch(run, tmp_path, ca
     # seq2seq-translate takes the option too; its n-best scores are the search's
     capsys.readouterr()
     code = cli.translate_main(
-        [*common, "--input", str(tmp_path / "src1"), "--nbest", "2", "--output", str(tmp_path / "t")]
+        [
+            *common,
+            "--input",
+            str(tmp_path / "src1"),
+            "--nbest",
+            "2",
+            "--output",
+            str(tmp_path / "t"),
+        ]
     )
     assert code == 0
     rows = (tmp_path / "t").read_text().splitlines()
