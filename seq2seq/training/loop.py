@@ -29,7 +29,7 @@ from seq2seq.data.pipeline import PreparedData
 from seq2seq.data.recipe import steps_for_time_budget
 from seq2seq.model import build_model
 from seq2seq.sharding import Partitioner, agree_on_steps, agree_to_stop, is_main_process
-from seq2seq.training.checkpoints import Checkpointer
+from seq2seq.training.checkpoints import Checkpointer, discarded_message
 from seq2seq.training.early_stopping import MODES, BestTracker
 from seq2seq.training.init_from import init_from_parent, resolve_parent
 from seq2seq.training.metrics import MetricsWriter
@@ -349,6 +349,8 @@ class FitResult:
       test_params / test_step: the parameters chosen by ``train.test_checkpoint`` and their step.
       partitioner: the run's mesh and sharding rules.
       config: the run's config at the end (``train.steps`` as ``train.time_budget`` chose it).
+      discarded: steps of half-written checkpoints (a crash mid-save) deleted at the start.
+      resume_note: ``discarded_message`` of them ("" when none), as logged.
     """
 
     graphdef: Any
@@ -362,6 +364,8 @@ class FitResult:
     test_step: int
     partitioner: Partitioner
     config: Config
+    discarded: list[int] = field(default_factory=list)
+    resume_note: str = ""
 
     @property
     def best(self) -> BestTracker:
@@ -464,6 +468,11 @@ def fit(
                 if writer.dropped
                 else "",
             )
+        resume_note = discarded_message(
+            checkpointer.discarded, None if meta is None else progress.step
+        )
+        if resume_note:
+            log.warning("%s (%s)", resume_note, checkpoint_dir(workdir))
         if progress.step > tcfg.steps:
             log.warning(
                 "the run is at step %d, past train.steps=%d: nothing to train (raise "
@@ -506,6 +515,8 @@ def fit(
             test_step,
             partitioner,
             config,
+            checkpointer.discarded,
+            resume_note,
         )
 
 
