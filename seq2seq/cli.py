@@ -300,9 +300,7 @@ def _load(args) -> tuple:
     }
     matmul = getattr(args, "matmul_dtype", None)  # --matmul-dtype (translate, score)
     if len(members) == 1:
-        config, tokenizer, graphdef, params = trained.load_trained(
-            *members[0], matmul_dtype=matmul
-        )
+        config, tokenizer, graphdef, params = trained.load_trained(*members[0], matmul_dtype=matmul)
         args.configs = [config]
     else:
         configs, tokenizer, graphdef, params = trained.load_ensemble(members, matmul_dtype=matmul)
@@ -466,6 +464,7 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
             lines = _read_lines(args.input)
         translator = _translator(args, config, tokenizer, graphdef, params, decode)
         source = args.input if args.input not in (None, "-") else "<stdin>"
+        translator.log_unknown_rate(lines, source)
         forced = {} if prefixes is None else dict(prefixes=prefixes, prefix_source=args.prefix_file)
         results = translator.translate(
             lines, nbest=args.nbest, progress=args.input not in (None, "-"), source=source, **forced
