@@ -3,7 +3,8 @@
 Layout: ``workdir/checkpoints/<step>/{state,meta[,metrics]}``. Orbax writes each step into a
 temporary directory (``<step>.orbax-checkpoint-tmp-*``) and renames it when complete, so a crash
 mid-save leaves the previous checkpoint intact and the half-written one is ignored (the training
-process removes it when it starts again, ``cleanup_tmp``). No pickle is used: arrays go to
+process removes it when it starts again, ``cleanup_tmp``, and names its step in the log and in
+``summary.md``: ``discarded_message``). No pickle is used: arrays go to
 tensorstore/zarr, bookkeeping to JSON.
 
 Retention: the last ``keep`` checkpoints, plus (with ``best_mode``) the one whose ``metric``
