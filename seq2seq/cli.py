@@ -205,8 +205,9 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 # where scores are shown (translate --nbest/--word-scores, score): why they move with the batch
 BATCH_NOTE = (
     "With the run's model.matmul_dtype bfloat16 (the shipped preset's) a sentence's "
-    "log-probability and score depend slightly (up to ~2e-3) on the other sentences of its "
-    "batch; --matmul-dtype float32 makes them agree to ~1e-5 (translations rarely change)."
+    "log-probability and score depend slightly (~1e-3, more on long sentences) on the other "
+    "sentences of its batch; --matmul-dtype float32 makes them agree to ~1e-5 (the "
+    "translations rarely change; docs/design.md, 'Scores and the batch')."
 )
 
 
