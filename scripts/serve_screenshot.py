@@ -91,9 +91,10 @@ def png_size(path: str | Path) -> tuple[int, int]:
 
 
 def screenshot(
-    url: str, sentence: str, nbest: int, output: str | Path, width: int, height: int
+    url: str, sentence: str, nbest: int, output: str | Path, width: int, height: int = 0
 ) -> dict:
-    """Translate ``sentence`` on the page at ``url`` in headless Chromium and save the page.
+    """Translate ``sentence`` on the page at ``url`` in headless Chromium and save the page
+    (``width`` × ``height`` pixels; ``height`` 0: as high as the page down to the heatmap).
 
     Returns:
       ``{"translation", "nbest": [(text, score text)], "cells"}`` as the page shows them.
@@ -121,7 +122,7 @@ def screenshot(
             "--no-first-run",
             "--hide-scrollbars",
             f"--user-data-dir={profile}",
-            f"--window-size={width},{height}",
+            f"--window-size={width},{height or 1200}",
         ):
             options.add_argument(flag)
         driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -154,6 +155,13 @@ def screenshot(
                 ],
                 "cells": len(driver.find_elements(By.CSS_SELECTOR, "#heatmap td.cell")),
             }
+            if not height:  # fit the window to the page, down to the heatmap
+                bottom = driver.execute_script(
+                    "return Math.ceil(document.getElementById('heatmap')"
+                    ".getBoundingClientRect().bottom + window.scrollY) + 24"
+                )
+                chrome = driver.execute_script("return window.outerHeight - window.innerHeight")
+                driver.set_window_size(width, int(bottom) + max(int(chrome), 0))
             Path(output).parent.mkdir(parents=True, exist_ok=True)
             driver.save_screenshot(str(output))
             return shown
@@ -170,7 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--output", default=str(ROOT / "docs" / "serve_page.png"), help="PNG to write"
     )
     parser.add_argument("--width", type=int, default=900, help="window width in pixels")
-    parser.add_argument("--height", type=int, default=1150, help="window height in pixels")
+    parser.add_argument(
+        "--height",
+        type=int,
+        default=0,
+        help="window height in pixels (default 0: the page's, down to the heatmap)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=600, help="seconds to wait for the server (loading)"
     )
