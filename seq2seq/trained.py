@@ -36,8 +36,8 @@ def load_trained(
       step: checkpoint step (default: ``default_step``, the one the run's test score used).
       matmul_dtype: ``model.matmul_dtype`` to decode with instead of the run's (``float32``
         or ``bfloat16``; it changes no parameter). With bfloat16 operands a sentence's
-        log-probability moves by up to ~1e-3 with the sentences that share its batch
-        (docs/design.md, "Precision"); float32 keeps it within ~1e-5.
+        log-probability moves by ~1e-3 with the sentences that share its batch
+        (docs/design.md, "Scores and the batch"); float32 keeps it within ~1e-5.
 
     Returns:
       ``(config, tokenizer, graphdef, params)``.
