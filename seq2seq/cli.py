@@ -196,6 +196,25 @@ def _add_model_options(parser: argparse.ArgumentParser, workdir_required: bool =
     parser.set_defaults(workdirs=None, steps=None)
 
 
+# where scores are shown (translate --nbest/--word-scores, score): why they move with the batch
+BATCH_NOTE = (
+    "With the run's model.matmul_dtype bfloat16 (the shipped preset's) a sentence's "
+    "log-probability and score depend slightly (~1e-3, more on long sentences) on the other "
+    "sentences of its batch; --matmul-dtype float32 makes them agree to ~1e-5 (the "
+    "translations rarely change; docs/design.md, 'Scores and the batch')."
+)
+
+
+def _add_matmul_option(parser: argparse.ArgumentParser) -> None:
+    """``--matmul-dtype``: the operand dtype of the projections at inference."""
+    parser.add_argument(
+        "--matmul-dtype",
+        choices=("float32", "bfloat16"),
+        help="operand dtype of every projection (default: the run's model.matmul_dtype); "
+        "float32 gives scores that do not depend on the batch",
+    )
+
+
 def _decode_parser(
     prog: str, description: str, workdir_required: bool = True
 ) -> argparse.ArgumentParser:
@@ -276,11 +295,12 @@ def _load(args) -> tuple:
         for opt, key in _DECODE_OPTIONS.items()
         if getattr(args, opt, None) is not None
     }
+    matmul = getattr(args, "matmul_dtype", None)  # --matmul-dtype (translate, score)
     if len(members) == 1:
-        config, tokenizer, graphdef, params = trained.load_trained(*members[0])
+        config, tokenizer, graphdef, params = trained.load_trained(*members[0], matmul_dtype=matmul)
         args.configs = [config]
     else:
-        configs, tokenizer, graphdef, params = trained.load_ensemble(members)
+        configs, tokenizer, graphdef, params = trained.load_ensemble(members, matmul_dtype=matmul)
         trained.check_same_decode(members, [replace(c.decode, **changes) for c in configs])
         config, args.configs = configs[0], configs
     decode: DecodeConfig = replace(config.decode, **changes)
@@ -389,8 +409,9 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
     parser = _decode_parser(
         "seq2seq-translate",
         "Translate sentences (one per line) from a file "
-        "or standard input with a trained run; output keeps the input order.",
+        "or standard input with a trained run; output keeps the input order. " + BATCH_NOTE,
     )
+    _add_matmul_option(parser)
     parser.add_argument("--input", help="input file (default or '-': standard input)")
     parser.add_argument("--output", help="output file (default: standard output)")
     parser.add_argument(
@@ -440,6 +461,7 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
             lines = _read_lines(args.input)
         translator = _translator(args, config, tokenizer, graphdef, params, decode)
         source = args.input if args.input not in (None, "-") else "<stdin>"
+        translator.log_unknown_rate(lines, source)
         forced = {} if prefixes is None else dict(prefixes=prefixes, prefix_source=args.prefix_file)
         results = translator.translate(
             lines, nbest=args.nbest, progress=args.input not in (None, "-"), source=source, **forced
@@ -727,9 +749,11 @@ def score_main(argv: Sequence[str] | None = None) -> int:
         prog="seq2seq-score",
         description="Score given translations with a trained run (or an ensemble): one line "
         "per pair, 'line ||| logprob ||| logprob per token ||| score', where the score is "
-        "normalised by the run's length penalty as beam search ranks hypotheses; EOS counts.",
+        "normalised by the run's length penalty as beam search ranks hypotheses; EOS counts. "
+        + BATCH_NOTE,
     )
     _add_model_options(parser)
+    _add_matmul_option(parser)
     parser.add_argument("--src", required=True, help="source file, one sentence per line")
     parser.add_argument("--tgt", required=True, help="translations, aligned with --src")
     parser.add_argument("--output", help="output file (default: standard output)")

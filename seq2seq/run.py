@@ -191,7 +191,9 @@ def train(run: Config | Resolved) -> dict[str, Any]:
       ``best_checkpoint``, ``test_step`` (checkpoint decoded), ``test_bleu``/``test_chrf`` with
       signatures,
       ``tokens_seen`` (real source+target tokens), ``train_seconds`` (all runs), this run's
-      ``wall_seconds``, ``checkpoints``, ``examples``.
+      ``wall_seconds``, ``checkpoints``, ``discarded_checkpoints`` (steps whose save a crash
+      interrupted, deleted at the start) with ``resume_note`` (what the log said about them,
+      "" when none), ``examples``.
 
     Raises:
       Interrupted: SIGINT/SIGTERM arrived; a checkpoint of the last finished step was saved.
@@ -287,6 +289,8 @@ def train(run: Config | Resolved) -> dict[str, Any]:
         "wall_seconds": time.perf_counter() - wall_start,
         "parameters": result.parameters,
         "checkpoints": result.checkpoints,
+        "discarded_checkpoints": result.discarded,
+        "resume_note": result.resume_note,
         "data": data.stats,
         "examples": [
             {"source": s, "reference": r, "hypothesis": h}

@@ -73,6 +73,8 @@ def summary_markdown(workdir: str | Path, config: Config, summary: dict[str, Any
         ]
     else:
         lines += [f"**Status: {status.replace('_', ' ')} at step {step} of {steps}.**", ""]
+    if summary.get("resume_note"):  # a save cut short by a crash, found at the start
+        lines += [f"**Resume: {summary['resume_note']}.**", ""]
 
     tokens = summary.get("tokens_seen")
     lines += [

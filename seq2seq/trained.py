@@ -27,13 +27,17 @@ log = logging.getLogger(__name__)
 
 
 def load_trained(
-    workdir: str | Path, step: int | None = None
+    workdir: str | Path, step: int | None = None, *, matmul_dtype: str | None = None
 ) -> tuple[Config, TokenizerPair, Any, Any]:
     """Load a run's config, tokenizer and parameters for translation/evaluation.
 
     Args:
       workdir: a run directory written by training.
       step: checkpoint step (default: ``default_step``, the one the run's test score used).
+      matmul_dtype: ``model.matmul_dtype`` to decode with instead of the run's (``float32``
+        or ``bfloat16``; it changes no parameter). With bfloat16 operands a sentence's
+        log-probability moves by ~1e-3 with the sentences that share its batch
+        (docs/design.md, "Scores and the batch"); float32 keeps it within ~1e-5.
 
     Returns:
       ``(config, tokenizer, graphdef, params)``.
@@ -46,6 +50,8 @@ def load_trained(
     if not config_path(workdir).is_file():
         raise FileNotFoundError(f"{workdir} is not a run directory (no config.yaml)")
     config = load_config(config_path(workdir))
+    if matmul_dtype is not None:
+        config = replace(config, model=replace(config.model, matmul_dtype=matmul_dtype))
     tokenizer = load_pair(
         config.tokenizer, workdir, src_lang=config.data.src_lang, tgt_lang=config.data.tgt_lang
     )
@@ -119,12 +125,13 @@ def check_same_decode(
 
 
 def load_ensemble(
-    members: Sequence[tuple[str | Path, int | None]],
+    members: Sequence[tuple[str | Path, int | None]], *, matmul_dtype: str | None = None
 ) -> tuple[list[Config], TokenizerPair, tuple[Any, ...], tuple[Any, ...]]:
     """Load several trained models (runs, or checkpoints of one run) for ensemble decoding.
 
     Args:
       members: ``(workdir, step)`` of each model (step None: ``default_step``).
+      matmul_dtype: as ``load_trained``, for every member.
 
     Returns:
       ``(configs, tokenizer of the first, graphdefs, params)``, one entry per member: the
@@ -134,7 +141,7 @@ def load_ensemble(
       ValueError: the members do not share the vocabularies (``check_same_vocabulary``).
       FileNotFoundError, CheckpointError: as ``load_trained``.
     """
-    loaded = [load_trained(workdir, step) for workdir, step in members]
+    loaded = [load_trained(workdir, step, matmul_dtype=matmul_dtype) for workdir, step in members]
     first, tokenizer = _member_name(*members[0]), loaded[0][1]
     for (workdir, step), (_, other, _, _) in zip(members[1:], loaded[1:]):
         check_same_vocabulary(first, tokenizer, _member_name(workdir, step), other)

@@ -26,6 +26,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from seq2seq.config import DecodeConfig
+from seq2seq.data.pipeline import unknown_rate
 from seq2seq.data.tokenizer import Tokenizer, TokenizerPair
 from seq2seq.decoding import (
     LENGTH_PENALTIES,
@@ -270,6 +271,29 @@ class Translator:
                 f"{self.max_src_len} tokens: {named}{more}"
             )
         return ids
+
+    def log_unknown_rate(self, lines: Sequence[str], name: str = "input") -> float:
+        """Log the share of ``lines``' source tokens (EOS included) that are the unknown piece,
+        as training logs one per split (``seq2seq.data.pipeline.unknown_rate``); a warning
+        from 1% up (text the tokenizer does not cover). ``name``: the input, in the message.
+
+        Returns:
+          the share, in [0, 1].
+        """
+        tok = self.tokenizer
+        source = tok.source if isinstance(tok, TokenizerPair) else tok
+        rate = unknown_rate(source.encode(list(lines)), source.unk_id)
+        log.log(
+            logging.WARNING if rate >= 0.01 else logging.INFO,
+            "unknown pieces (share of tokens): %s %.3f%%%s",
+            name,
+            100 * rate,
+            "; the tokenizer does not cover this text well (its characters were rare or absent "
+            "in the training data)"
+            if rate >= 0.01
+            else "",
+        )
+        return rate
 
     def _target_encode(self, texts: Sequence[str], *, add_eos: bool) -> list[np.ndarray]:
         target = self.tokenizer.target if isinstance(self.tokenizer, TokenizerPair) else None

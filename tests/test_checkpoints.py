@@ -90,3 +90,89 @@ def test_restore_of_a_missing_step_names_the_available_ones(tmp_path):
     with pytest.raises(CheckpointError, match=r"no checkpoint of step 5 .*available: \[3\]"):
         ck.restore(jax.eval_shape(lambda: _state(tiny_config())), 5)
     ck.close()
+
+
+# Saves step 4, then starts the save of step 8 with the test hook that holds it open; the test
+# kills the process there, as a crash mid-save would.
+_SAVE_THEN_HANG = """
+import sys
+import jax.numpy as jnp
+from seq2seq.training.checkpoints import Checkpointer
+state = {"w": jnp.arange(6.0).reshape(2, 3), "step": jnp.asarray(4)}
+ck = Checkpointer(sys.argv[1], async_save=False)
+ck.save(4, state, {"step": 4})
+ck.save(8, state, {"step": 8})
+"""
+
+
+def test_a_save_killed_midway_is_discarded_and_named(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from tiny_run import ROOT, cli_env
+
+    from seq2seq.training.checkpoints import HANG_MARKER, HANG_SAVE_ENV, incomplete_steps
+
+    directory = tmp_path / "ck"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SAVE_THEN_HANG, str(directory)],
+        env=cli_env(**{HANG_SAVE_ENV: "8"}),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not any(directory.rglob(HANG_MARKER)):
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "the save of step 8 did not start"
+        time.sleep(0.1)
+    proc.kill()  # kill -9 in the middle of the save of step 8
+    proc.wait(timeout=60)
+    # what orbax leaves: step 4 complete, step 8 in its temporary folder
+    names = sorted(p.name for p in directory.iterdir())
+    assert names[0] == "4" and names[1].startswith("8.orbax-checkpoint-tmp"), names
+    assert incomplete_steps(directory) == [8]
+
+    reader = Checkpointer(directory)  # a reader leaves it alone and names nothing
+    assert reader.discarded == [] and reader.all_steps() == [4]
+    reader.close()
+    assert incomplete_steps(directory) == [8]
+
+    # the training process deletes it (orbax, in the background: done by its next save)
+    writer = Checkpointer(directory, cleanup_tmp=True)
+    assert writer.discarded == [8] and writer.all_steps() == [4]
+    writer.close()
+    deadline = time.monotonic() + 30
+    while incomplete_steps(directory) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p.name for p in directory.iterdir()] == ["4"]
+
+
+def test_discarded_message_names_the_steps_and_where_the_run_resumed():
+    from seq2seq.training.checkpoints import discarded_message
+
+    assert discarded_message([], 50) == ""
+    assert (
+        discarded_message([100], 50) == "step 100 was incomplete (interrupted save); resumed "
+        "from step 50"
+    )
+    assert discarded_message([100, 150], None) == (
+        "steps 100, 150 were incomplete (interrupted save); no complete checkpoint was left: "
+        "the run started anew"
+    )
+
+
+def test_summary_md_names_a_discarded_save(tmp_path):
+    from seq2seq.config import load_config
+    from seq2seq.summary import summary_markdown
+
+    config = load_config(None, [f"workdir={tmp_path}"])
+    note = "step 100 was incomplete (interrupted save); resumed from step 50"
+    text = summary_markdown(
+        tmp_path, config, {"status": "finished", "step": 120, "resume_note": note}
+    )
+    assert f"**Resume: {note}.**" in text.split("## Results")[0]  # next to the status
+    plain = summary_markdown(tmp_path, config, {"status": "finished", "step": 120})
+    assert "Resume:" not in plain and "interrupted save" not in plain

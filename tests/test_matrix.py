@@ -91,7 +91,7 @@ CHAINS: dict[str, dict] = {
         "data.tgt_lang": "en",  # the other direction
         "tokenizer.input_sentence_size": 200,
         "train.max_skipped_steps": 0,
-        "translate": ["--beam", "4", "--max-tokens", "64"],
+        "translate": ["--beam", "4", "--max-tokens", "64", "--matmul-dtype", "float32"],
     },
     "rope": {
         "model.positions": "rope",

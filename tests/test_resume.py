@@ -316,6 +316,11 @@ def test_kill_during_save_keeps_last_checkpoint(corpus, tmp_path):
     again = run(train_command(overrides), cli_env())
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from step 4" in again.stderr
+    # the torn save is named in the log and in summary.md
+    note = "step 8 was incomplete (interrupted save); resumed from step 4"
+    assert note in again.stderr and note in (workdir / "train.log").read_text(encoding="utf-8")
+    assert f"**Resume: {note}.**" in (workdir / "summary.md").read_text(encoding="utf-8")
+    assert json.loads((workdir / "test.json").read_text())["discarded_checkpoints"] == [8]
     assert checkpoint_steps(workdir) == [4, 8, 12]
     assert not [p for p in ckdir.iterdir() if "tmp" in p.name]  # the torn save was cleaned up
     _, _, _, params = load_trained(workdir)

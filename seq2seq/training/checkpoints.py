@@ -3,7 +3,8 @@
 Layout: ``workdir/checkpoints/<step>/{state,meta[,metrics]}``. Orbax writes each step into a
 temporary directory (``<step>.orbax-checkpoint-tmp-*``) and renames it when complete, so a crash
 mid-save leaves the previous checkpoint intact and the half-written one is ignored (the training
-process removes it when it starts again, ``cleanup_tmp``). No pickle is used: arrays go to
+process removes it when it starts again, ``cleanup_tmp``, and names its step in the log and in
+``summary.md``: ``discarded_message``). No pickle is used: arrays go to
 tensorstore/zarr, bookkeeping to JSON.
 
 Retention: the last ``keep`` checkpoints, plus (with ``best_mode``) the one whose ``metric``
@@ -97,6 +98,40 @@ class _QuietOrbax(logging.Filter):
 logging.getLogger("absl").addFilter(_QuietOrbax())
 
 
+def incomplete_steps(directory: str | Path) -> list[int]:
+    """Steps of the half-written checkpoints in ``directory``, ascending: the temporary folders
+    (``<step>.orbax-checkpoint-tmp-<timestamp>``) that orbax renames to ``<step>`` only once a
+    save is complete, so a crash or kill mid-save leaves them behind (found by orbax's own
+    ``orbax.checkpoint.path.step.tmp_checkpoints``)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    steps = set()
+    for name in ocp.path.step.tmp_checkpoints(directory):
+        head = name.split(ocp.path.step.TMP_DIR_SUFFIX)[0]
+        if head.isdigit():
+            steps.add(int(head))
+    return sorted(steps)
+
+
+def discarded_message(discarded: list[int], resumed_from: int | None) -> str:
+    """What a resume says about interrupted saves it found, e.g. ``step 100 was incomplete
+    (interrupted save); resumed from step 50`` ("" when ``discarded`` is empty; ``resumed_from``
+    None: no complete checkpoint was left, the run starts anew)."""
+    if not discarded:
+        return ""
+    if len(discarded) == 1:
+        what = f"step {discarded[0]} was incomplete"
+    else:
+        what = f"steps {', '.join(map(str, discarded))} were incomplete"
+    then = (
+        "no complete checkpoint was left: the run started anew"
+        if resumed_from is None
+        else f"resumed from step {resumed_from}"
+    )
+    return f"{what} (interrupted save); {then}"
+
+
 class Checkpointer:
     """Save and restore ``(TrainState, metadata)`` pairs under ``directory``.
 
@@ -108,7 +143,13 @@ class Checkpointer:
         ``keep`` only.
       async_save: write in a background thread (orbax async checkpointing).
       cleanup_tmp: delete half-written checkpoints left by a crash (only the process that writes
-        checkpoints may do this: a reader would delete a save in progress).
+        checkpoints may do this: a reader would delete a save in progress); their steps are
+        kept in ``discarded``.
+
+    Attributes:
+      discarded: steps whose interrupted save (an orbax temporary folder,
+        ``incomplete_steps``) this checkpointer deletes, ascending (orbax starts deleting
+        them in the background when it opens, and waits for that before its first save).
     """
 
     def __init__(
@@ -124,6 +165,8 @@ class Checkpointer:
             raise ValueError(f"best_mode must be None, 'max' or 'min', got {best_mode!r}")
         self.directory = Path(directory).absolute()
         self.best_mode = best_mode
+        # read before orbax deletes them (it does when the manager opens)
+        self.discarded = incomplete_steps(self.directory) if cleanup_tmp else []
         policies: list[Any] = [ocm.LatestN(keep or None)]
         if best_mode is not None:
             policies.append(

@@ -29,7 +29,7 @@ from seq2seq.data.pipeline import PreparedData
 from seq2seq.data.recipe import steps_for_time_budget
 from seq2seq.model import build_model
 from seq2seq.sharding import Partitioner, agree_on_steps, agree_to_stop, is_main_process
-from seq2seq.training.checkpoints import Checkpointer
+from seq2seq.training.checkpoints import Checkpointer, discarded_message
 from seq2seq.training.early_stopping import MODES, BestTracker
 from seq2seq.training.init_from import init_from_parent, resolve_parent
 from seq2seq.training.metrics import MetricsWriter
@@ -358,6 +358,8 @@ class FitResult:
       best_checkpoint: the step of the kept best checkpoint, or None.
       test_params / test_step: the parameters chosen by ``train.test_checkpoint`` and their step.
       partitioner: the run's mesh and sharding rules.
+      discarded: steps of half-written checkpoints (a crash mid-save) deleted at the start.
+      resume_note: ``discarded_message`` of them ("" when none), as logged.
     """
 
     graphdef: Any
@@ -370,6 +372,8 @@ class FitResult:
     test_params: Any
     test_step: int
     partitioner: Partitioner
+    discarded: list[int] = field(default_factory=list)
+    resume_note: str = ""
 
     @property
     def best(self) -> BestTracker:
@@ -472,6 +476,11 @@ def fit(
                 if writer.dropped
                 else "",
             )
+        resume_note = discarded_message(
+            checkpointer.discarded, None if meta is None else progress.step
+        )
+        if resume_note:
+            log.warning("%s (%s)", resume_note, checkpoint_dir(workdir))
         if progress.step > progress.steps(config):
             log.warning(
                 "the run is at step %d, past train.steps=%d: nothing to train (raise "
@@ -513,6 +522,8 @@ def fit(
             test_params,
             test_step,
             partitioner,
+            checkpointer.discarded,
+            resume_note,
         )
 
 
