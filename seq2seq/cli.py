@@ -311,7 +311,7 @@ def _partitioner(config):
         return Partitioner.from_config(replace(config, mesh=MeshConfig()))
 
 
-def _translator(args, config, tokenizer, graphdef, params, decode):
+def _translator(args, config, tokenizer, graphdef, params, decode, partitioner=None):
     from seq2seq.config import check_position_limits
     from seq2seq.data.pipeline import MIN_DECODE_SOURCE_LEN, decode_source_limit
     from seq2seq.translation import Translator
@@ -337,7 +337,7 @@ def _translator(args, config, tokenizer, graphdef, params, decode):
         decode,
         max_src_len=max_src,
         on_long=args.on_long,
-        partitioner=_partitioner(config),
+        partitioner=partitioner or _partitioner(config),
     )
 
 
@@ -425,10 +425,13 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
         help="print the n-best format with a last field of 'piece=logprob' per output piece, "
         "EOS included (the numbers seq2seq-score prints for that pair)",
     )
+    _add_bulk_options(parser)
     args = parser.parse_args(argv)
     _setup_logging()
     if args.output and not Path(args.output).parent.is_dir():  # before, not after, decoding
         return _fail(f"--output {args.output}: no directory {Path(args.output).parent}")
+    if args.output_dir:
+        return _translate_bulk(args)
     align_path = _alignments_path(args)
     if isinstance(align_path, int):
         return align_path
@@ -478,6 +481,83 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
+    return 0
+
+
+def _add_bulk_options(parser: argparse.ArgumentParser) -> None:
+    bulk = parser.add_argument_group(
+        "bulk translation (resumable: rerun the same command after an interruption)"
+    )
+    bulk.add_argument(
+        "--output-dir",
+        help="translate --input in chunks written here (skipped on rerun), then merge them "
+        "into --output (default OUTPUT_DIR/translations.txt); see seq2seq/bulk.py",
+    )
+    bulk.add_argument(
+        "--chunk-lines", type=_positive_int, default=10000, help="lines per chunk (default 10000)"
+    )
+    bulk.add_argument(
+        "--coordinator-address",
+        help="host:port of process 0 for a multi-process job (jax.distributed, as "
+        "distributed.* in training); each process decodes its share of the chunks",
+    )
+    bulk.add_argument("--num-processes", type=_positive_int, help="processes of the job")
+    bulk.add_argument("--process-id", type=_nonnegative_int, help="this process's index")
+
+
+def _translate_bulk(args) -> int:
+    """``seq2seq-translate --output-dir DIR``: ``seq2seq.bulk.translate_file`` on this
+    process's share of the chunks; process 0 merges them and prints the report."""
+    unsupported = [
+        name
+        for name, given in (
+            ("--nbest", args.nbest != 1),
+            ("--alignments", args.alignments),
+            ("--prefix-file", args.prefix_file),
+            ("--word-scores", args.word_scores),
+        )
+        if given
+    ]
+    if unsupported:
+        return _fail(
+            f"--output-dir does not take {', '.join(unsupported)}: one line out per line in"
+        )
+    if args.input in (None, "-"):
+        return _fail("--output-dir needs --input FILE (a rerun must find the same input)")
+    from seq2seq import bulk
+    from seq2seq.config import DistributedConfig
+    from seq2seq.sharding import initialize_distributed
+
+    initialize_distributed(
+        DistributedConfig(args.coordinator_address, args.num_processes, args.process_id)
+    )
+    try:
+        lines = _read_lines(args.input)
+        config, tokenizer, graphdef, params, decode = _load(args)
+        translator = _translator(
+            args, config, tokenizer, graphdef, params, decode, bulk.local_partitioner(config)
+        )
+        job = bulk.job_record(args.input, len(lines), args.chunk_lines, _members(args), translator)
+        report = bulk.translate_file(
+            translator, lines, job, args.output_dir, args.output, source=args.input
+        )
+    except (ValueError, OSError, RuntimeError) as e:
+        return _fail(str(e))
+    if "totals" in report:
+        t, run = report["totals"], report["run"]
+        print(
+            f"{t['lines']} lines in {report['chunks']} chunks → {report['output']}: "
+            f"{t['empty']} empty, {t['truncated']} over the source limit (truncated), "
+            f"{t['empty_outputs']} empty translations",
+            file=sys.stderr,
+        )
+        print(
+            f"this run: {run['chunks']} chunks decoded ({run['skipped']} done before), "
+            f"{run['lines']} sentences in {run['seconds']:.1f} s: "
+            f"{run['sentences_per_s']:.1f} sentences/s, {run['tokens_per_s']:.1f} tokens/s "
+            f"on {report['processes']} process(es)",
+            file=sys.stderr,
+        )
     return 0
 
 
