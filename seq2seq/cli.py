@@ -541,6 +541,13 @@ def _translate_bulk(args) -> int:
         report = bulk.translate_file(
             translator, lines, job, args.output_dir, args.output, source=args.input
         )
+    except KeyboardInterrupt:  # Ctrl-C: every chunk written so far is complete and kept
+        print(
+            f"interrupted; the finished chunks are kept in {args.output_dir}: rerun the same "
+            "command to resume",
+            file=sys.stderr,
+        )
+        return 130
     except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
     if "totals" in report:

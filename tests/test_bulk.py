@@ -161,38 +161,44 @@ def _chunks_done(out: Path) -> int:
         return 0
 
 
-@pytest.mark.slow
-def test_kill_9_mid_run_then_rerun_translates_every_line_once(
-    run, short_input, reference, tmp_path
-):
-    """SIGKILL once chunks are written; the rerun decodes only the others, and the merged
-    output equals the uninterrupted run's (every line once, in order)."""
-    out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-c",
-        TRANSLATE,
-        *_bulk(run, short_input, out, "--chunk-lines", str(CHUNK)),
-    ]
-    total = 1200 // CHUNK
-    log = tmp_path / "killed.log"
+def _start_and_stop(cmd, out: Path, log: Path, at_least: int, signum: int) -> int:
+    """Run ``cmd``, send ``signum`` once ``at_least`` chunks exist, wait; its exit status."""
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, env=cli_env(), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
-        while _chunks_done(out) < 3:
+        while _chunks_done(out) < at_least:
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "no chunk written"
             time.sleep(0.002)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        proc.send_signal(signum)
+        return proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.slow
+def test_ctrl_c_then_kill_9_then_rerun_translates_every_line_once(
+    run, short_input, reference, tmp_path
+):
+    """SIGINT, then SIGKILL of a rerun, once chunks are written: the last rerun decodes only
+    the others, and the merged output equals the uninterrupted run's (every line once, in
+    order)."""
+    out = tmp_path / "out"
+    args = _bulk(run, short_input, out, "--chunk-lines", str(CHUNK))
+    cmd = [sys.executable, "-c", TRANSLATE, *args]
+    total = 1200 // CHUNK
+    log = tmp_path / "interrupted.log"
+    assert _start_and_stop(cmd, out, log, 3, signal.SIGINT) == 130, log.read_text()[-3000:]
+    assert "interrupted; the finished chunks are kept in" in log.read_text()
+    first = _chunks_done(out)
+    log = tmp_path / "killed.log"
+    assert _start_and_stop(cmd, out, log, first + 3, signal.SIGKILL) == -signal.SIGKILL
     done = _chunks_done(out)
-    assert proc.returncode == -signal.SIGKILL and 3 <= done < total, done
-    assert not (out / "translations.txt").exists()
+    assert 3 <= first < first + 3 <= done < total, (first, done)
+    assert "this run:" not in log.read_text() and not (out / "translations.txt").exists()
 
     rerun = subprocess.run(
         cmd, env=cli_env(), cwd=ROOT, capture_output=True, text=True, timeout=600
