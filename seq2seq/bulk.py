@@ -103,8 +103,8 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def check_job(output_dir: Path, job: dict[str, Any], *, write: bool) -> None:
-    """Create ``output_dir`` (and ``job.json`` when ``write``), or check that the job already
-    recorded there is ``job``.
+    """Check that the job recorded in ``output_dir/job.json``, if any, is ``job``; then, when
+    ``write`` (process 0), create ``output_dir/chunks`` and ``job.json`` if missing.
 
     Raises:
       BulkError: ``job.json`` records another job (the message names the first differing key
@@ -120,10 +120,10 @@ def check_job(output_dir: Path, job: dict[str, Any], *, write: bool) -> None:
                     f"{old.get(key)!r}, now {job[key]!r}; give another --output-dir, or remove "
                     "this one to start again"
                 )
-        return
     if write:
         (output_dir / CHUNKS).mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, json.dumps(job, indent=1, ensure_ascii=False) + "\n")
+        if not path.is_file():
+            _write_atomic(path, json.dumps(job, indent=1, ensure_ascii=False) + "\n")
 
 
 def chunk_path(output_dir: Path, k: int) -> Path:
