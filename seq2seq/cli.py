@@ -430,7 +430,7 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
     _setup_logging()
     if args.output and not Path(args.output).parent.is_dir():  # before, not after, decoding
         return _fail(f"--output {args.output}: no directory {Path(args.output).parent}")
-    if args.output_dir:
+    if args.output_dir or _BULK_ONLY & {k for k, v in vars(args).items() if v is not None}:
         return _translate_bulk(args)
     align_path = _alignments_path(args)
     if isinstance(align_path, int):
@@ -493,9 +493,7 @@ def _add_bulk_options(parser: argparse.ArgumentParser) -> None:
         help="translate --input in chunks written here (skipped on rerun), then merge them "
         "into --output (default OUTPUT_DIR/translations.txt); see seq2seq/bulk.py",
     )
-    bulk.add_argument(
-        "--chunk-lines", type=_positive_int, default=10000, help="lines per chunk (default 10000)"
-    )
+    bulk.add_argument("--chunk-lines", type=_positive_int, help="lines per chunk (default 10000)")
     bulk.add_argument(
         "--coordinator-address",
         help="host:port of process 0 for a multi-process job (jax.distributed, as "
@@ -505,9 +503,15 @@ def _add_bulk_options(parser: argparse.ArgumentParser) -> None:
     bulk.add_argument("--process-id", type=_nonnegative_int, help="this process's index")
 
 
+_BULK_ONLY = {"chunk_lines", "coordinator_address", "num_processes", "process_id"}
+
+
 def _translate_bulk(args) -> int:
     """``seq2seq-translate --output-dir DIR``: ``seq2seq.bulk.translate_file`` on this
     process's share of the chunks; process 0 merges them and prints the report."""
+    if not args.output_dir:
+        given = sorted(k for k in _BULK_ONLY if getattr(args, k) is not None)
+        return _fail(f"--{', --'.join(given).replace('_', '-')} only apply with --output-dir")
     unsupported = [
         name
         for name, given in (
@@ -537,7 +541,8 @@ def _translate_bulk(args) -> int:
         translator = _translator(
             args, config, tokenizer, graphdef, params, decode, bulk.local_partitioner(config)
         )
-        job = bulk.job_record(args.input, len(lines), args.chunk_lines, _members(args), translator)
+        chunk_lines = args.chunk_lines or 10000
+        job = bulk.job_record(args.input, len(lines), chunk_lines, _members(args), translator)
         report = bulk.translate_file(
             translator, lines, job, args.output_dir, args.output, source=args.input
         )

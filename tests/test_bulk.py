@@ -144,6 +144,10 @@ def test_rerun_with_other_settings_or_options_is_refused(run, tmp_path, capsys):
     assert "--output-dir does not take --nbest" in capsys.readouterr().err
     assert cli.translate_main(["--workdir", str(run), "--output-dir", str(out)]) == 2
     assert "--output-dir needs --input FILE" in capsys.readouterr().err
+    assert (
+        cli.translate_main(["--workdir", str(run), "--chunk-lines", "5", "--process-id", "0"]) == 2
+    )
+    assert "--chunk-lines, --process-id only apply with --output-dir" in capsys.readouterr().err
     long = tmp_path / "long.en"
     long.write_text("Yes.\n" * 29 + "word " * 100 + "\nYes.\n", encoding="utf-8")
     args = ["--on-long", "reject", "--max-src-tokens", "64", "--chunk-lines", "4"]
