@@ -131,6 +131,23 @@ def test_sampling_is_seeded_by_the_line_number_in_the_file(run, short_input, tmp
     assert merged == plain.splitlines() and len(set(merged)) > 10
 
 
+@pytest.mark.slow
+def test_an_ensemble_decodes_in_bulk_as_in_plain_translate(run, short_input, tmp_path, capsys):
+    """Two members (the run twice: ``seq2seq.decoding.Ensemble``), beam 2, chunks of 3."""
+    src = tmp_path / "in.en"
+    src.write_text("".join(short_input.read_text().splitlines(True)[:10]), encoding="utf-8")
+    ensemble = ["--workdir", str(run), "--workdir", str(run), "--beam", "2"]
+    assert cli.translate_main([*ensemble, "--input", str(src)]) == 0
+    plain = capsys.readouterr().out
+    out = tmp_path / "out"
+    args = [*ensemble, "--input", str(src), "--output-dir", str(out), "--chunk-lines", "3"]
+    assert cli.translate_main(args) == 0
+    assert (out / "translations.txt").read_text(encoding="utf-8") == plain
+    assert len(plain.splitlines()) == 10
+    job = json.loads((out / "job.json").read_text(encoding="utf-8"))
+    assert len(job["models"]) == 2 and job["decode"]["beam_size"] == 2
+
+
 def test_rerun_with_other_settings_or_options_is_refused(run, tmp_path, capsys):
     src = tmp_path / "in.en"
     src.write_text("Tom is here.\nYes.\n", encoding="utf-8")
