@@ -246,6 +246,7 @@ def translate_file(
     existed = {k for k in range(len(bounds)) if chunk_path(output_dir, k).is_file()}
     if processes > 1:
         _barrier("seq2seq-bulk-job")  # job.json and chunks/ exist; no chunk is written before
+        check_job(output_dir, job, write=False)  # the one process 0 wrote: the same settings
     mine = [k for k in range(len(bounds)) if k % processes == process]
     todo = [k for k in mine if not chunk_path(output_dir, k).is_file()]
     done_lines = sum(bounds[k][1] - bounds[k][0] for k in mine if k not in todo)
