@@ -327,7 +327,7 @@ def _partitioner(config):
         return Partitioner.from_config(replace(config, mesh=MeshConfig()))
 
 
-def _translator(args, config, tokenizer, graphdef, params, decode):
+def _translator(args, config, tokenizer, graphdef, params, decode, partitioner=None):
     from seq2seq.config import check_position_limits
     from seq2seq.data.pipeline import MIN_DECODE_SOURCE_LEN, decode_source_limit
     from seq2seq.translation import Translator
@@ -353,7 +353,7 @@ def _translator(args, config, tokenizer, graphdef, params, decode):
         decode,
         max_src_len=max_src,
         on_long=args.on_long,
-        partitioner=_partitioner(config),
+        partitioner=partitioner or _partitioner(config),
     )
 
 
@@ -442,10 +442,13 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
         help="print the n-best format with a last field of 'piece=logprob' per output piece, "
         "EOS included (the numbers seq2seq-score prints for that pair)",
     )
+    _add_bulk_options(parser)
     args = parser.parse_args(argv)
     _setup_logging()
     if args.output and not Path(args.output).parent.is_dir():  # before, not after, decoding
         return _fail(f"--output {args.output}: no directory {Path(args.output).parent}")
+    if args.output_dir or _BULK_ONLY & {k for k, v in vars(args).items() if v is not None}:
+        return _translate_bulk(args)
     align_path = _alignments_path(args)
     if isinstance(align_path, int):
         return align_path
@@ -496,6 +499,95 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
+    return 0
+
+
+def _add_bulk_options(parser: argparse.ArgumentParser) -> None:
+    bulk = parser.add_argument_group(
+        "bulk translation (resumable: rerun the same command after an interruption)"
+    )
+    bulk.add_argument(
+        "--output-dir",
+        help="translate --input in chunks written here (skipped on rerun), then merge them "
+        "into --output (default OUTPUT_DIR/translations.txt); see seq2seq/bulk.py",
+    )
+    bulk.add_argument("--chunk-lines", type=_positive_int, help="lines per chunk (default 10000)")
+    bulk.add_argument(
+        "--coordinator-address",
+        help="host:port of process 0 for a multi-process job (jax.distributed, as "
+        "distributed.* in training); each process decodes its share of the chunks",
+    )
+    bulk.add_argument("--num-processes", type=_positive_int, help="processes of the job")
+    bulk.add_argument("--process-id", type=_nonnegative_int, help="this process's index")
+
+
+_BULK_ONLY = {"chunk_lines", "coordinator_address", "num_processes", "process_id"}
+
+
+def _translate_bulk(args) -> int:
+    """``seq2seq-translate --output-dir DIR``: ``seq2seq.bulk.translate_file`` on this
+    process's share of the chunks; process 0 merges them and prints the report."""
+    if not args.output_dir:
+        given = sorted(k for k in _BULK_ONLY if getattr(args, k) is not None)
+        return _fail(f"--{', --'.join(given).replace('_', '-')} only apply with --output-dir")
+    unsupported = [
+        name
+        for name, given in (
+            ("--nbest", args.nbest != 1),
+            ("--alignments", args.alignments),
+            ("--prefix-file", args.prefix_file),
+            ("--word-scores", args.word_scores),
+        )
+        if given
+    ]
+    if unsupported:
+        return _fail(
+            f"--output-dir does not take {', '.join(unsupported)}: one line out per line in"
+        )
+    if args.input in (None, "-"):
+        return _fail("--output-dir needs --input FILE (a rerun must find the same input)")
+    from seq2seq import bulk
+    from seq2seq.config import DistributedConfig
+    from seq2seq.sharding import initialize_distributed
+
+    initialize_distributed(
+        DistributedConfig(args.coordinator_address, args.num_processes, args.process_id)
+    )
+    try:
+        lines = _read_lines(args.input)
+        config, tokenizer, graphdef, params, decode = _load(args)
+        translator = _translator(
+            args, config, tokenizer, graphdef, params, decode, bulk.local_partitioner(config)
+        )
+        chunk_lines = args.chunk_lines or 10000
+        job = bulk.job_record(args.input, len(lines), chunk_lines, _members(args), translator)
+        report = bulk.translate_file(
+            translator, lines, job, args.output_dir, args.output, source=args.input
+        )
+    except KeyboardInterrupt:  # Ctrl-C: every chunk written so far is complete and kept
+        print(
+            f"interrupted; the finished chunks are kept in {args.output_dir}: rerun the same "
+            "command to resume",
+            file=sys.stderr,
+        )
+        return 130
+    except (ValueError, OSError, RuntimeError) as e:
+        return _fail(str(e))
+    if "totals" in report:
+        t, run = report["totals"], report["run"]
+        print(
+            f"{t['lines']} lines in {report['chunks']} chunks → {report['output']}: "
+            f"{t['empty']} empty, {t['truncated']} over the source limit (truncated), "
+            f"{t['empty_outputs']} empty translations",
+            file=sys.stderr,
+        )
+        print(
+            f"this run: {run['chunks']} chunks decoded ({run['skipped']} done before), "
+            f"{run['lines']} sentences in {run['seconds']:.1f} s: "
+            f"{run['sentences_per_s']:.1f} sentences/s, {run['tokens_per_s']:.1f} tokens/s "
+            f"on {report['processes']} process(es)",
+            file=sys.stderr,
+        )
     return 0
 
 

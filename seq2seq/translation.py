@@ -182,10 +182,11 @@ class Translator:
         lines: Sequence[str],
         *,
         nbest: int = 1,
-        progress: bool = False,
+        progress: bool | tqdm = False,
         source: str | None = None,
         prefixes: Sequence[str] | None = None,
         prefix_source: str | None = None,
+        first_line: int = 0,
     ) -> list[list[Hypothesis]]:
         """Translate ``lines`` (one sentence each), returning results in input order.
 
@@ -193,9 +194,13 @@ class Translator:
           lines: source sentences.
           nbest: hypotheses per line, best first: ≤ beam size for beam search; the number of
             independent samples when sampling.
-          progress: show a progress bar (stderr).
+          progress: show a progress bar (stderr), or advance this ``tqdm`` bar by each
+            decoded line.
           source: the file ``lines`` come from, named with the line in the messages about
             long lines (``file:line``).
+          first_line: the 0-based line number of ``lines[0]`` in ``source`` (a part of a
+            file): it numbers the lines in the messages and seeds each line's samples, so a
+            part decodes as it would within the whole file.
           prefixes: one target prefix per line (None: none), SentencePiece-encoded without
             EOS; each translation starts with its prefix's pieces, which count in its
             logprob and score (``seq2seq.decoding``, "Target prefix"). An empty prefix forces
@@ -220,7 +225,7 @@ class Translator:
         prefix_ids = (
             None if prefixes is None else self.check_prefixes(lines, prefixes, prefix_source)
         )
-        ids = self._source_ids(lines, source)
+        ids = self.source_ids(lines, source, first_line)
         results = [[Hypothesis("", (), 0.0, 0.0, decoded=False)] for _ in lines]
         todo = []
         for i, (line, x) in enumerate(zip(lines, ids)):
@@ -229,7 +234,12 @@ class Translator:
             todo.append((len(x), i, x))
         todo.sort(key=lambda t: (t[0], t[1]))
         shards = self.partitioner.batch_shards  # whole rows per device
-        bar = tqdm(total=len(todo), desc="translate", unit="sent", disable=not progress)
+        own_bar = not isinstance(progress, tqdm)
+        bar: tqdm = (
+            progress
+            if isinstance(progress, tqdm)
+            else tqdm(total=len(todo), desc="translate", unit="sent", disable=not progress)
+        )
         start = 0
         while start < len(todo):
             width = bucket_length(todo[start][0], self.max_src_len)
@@ -239,14 +249,17 @@ class Translator:
             # the full budget, or the next power of two for a smaller (last) chunk
             rows = min(budget, 1 << (len(chunk) - 1).bit_length())
             rows = -(-rows // shards) * shards
-            self._decode_chunk(chunk, width, rows, nbest, results, prefix_ids)
+            self._decode_chunk(chunk, width, rows, nbest, results, prefix_ids, first_line)
             bar.update(len(chunk))
-        bar.close()
+        if own_bar:
+            bar.close()
         return results
 
-    def _source_ids(self, lines: Sequence[str], source: str | None) -> list[np.ndarray]:
+    def source_ids(
+        self, lines: Sequence[str], source: str | None, first_line: int = 0
+    ) -> list[np.ndarray]:
         """Source ids of each line (EOS last), longer ones truncated (with a warning) or
-        rejected as ``on_long`` says."""
+        rejected as ``on_long`` says (lines numbered from ``first_line + 1``)."""
         tok = self.tokenizer
         ids = tok.encode(list(lines))
         too_long = []
@@ -256,14 +269,16 @@ class Translator:
                 if self.on_long == "truncate":
                     log.warning(
                         "%s: %d tokens, truncated to %d",
-                        f"{source}:{i + 1}" if source else f"line {i + 1}",
+                        f"{source}:{first_line + i + 1}"
+                        if source
+                        else f"line {first_line + i + 1}",
                         len(x),
                         self.max_src_len,
                     )
                     keep = x[: self.max_src_len - 1]
                     ids[i] = np.concatenate([keep, [tok.eos_id]]).astype(np.int32)
         if too_long and self.on_long == "reject":
-            named = ", ".join(f"line {i + 1} ({n} tokens)" for i, n in too_long[:10])
+            named = ", ".join(f"line {first_line + i + 1} ({n} tokens)" for i, n in too_long[:10])
             more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
             raise ValueError(
                 f"{source + ': ' if source else ''}{len(too_long)} line(s) "
@@ -350,7 +365,7 @@ class Translator:
         placed = self.partitioner.shard_batch(dict(enumerate(inputs)))
         return _EXECUTABLES[key](self.params, tuple(placed.values()))
 
-    def _decode_chunk(self, chunk, width, rows, nbest, results, prefix_ids=None):
+    def _decode_chunk(self, chunk, width, rows, nbest, results, prefix_ids=None, first_line=0):
         cfg, tok = self.config, self.tokenizer
         src = np.full((rows, width), tok.pad_id, np.int32)
         lengths = np.zeros((rows,), np.int32)
@@ -358,7 +373,7 @@ class Translator:
         for r, (n, i, x) in enumerate(chunk):
             src[r, :n] = x
             lengths[r] = n
-            line_ids[r] = i
+            line_ids[r] = first_line + i  # the line number in the file seeds its samples
         max_len = cfg.output_limit(width)  # the bucket's: every row's limit fits in it
         max_lengths = np.array([min(cfg.output_limit(int(n)), max_len) for n in lengths])
         inputs = [src, (src != tok.pad_id).astype(np.int32), max_lengths.astype(np.int32)]
@@ -447,7 +462,7 @@ class Translator:
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
         cfg, tok = self.config, self.tokenizer
-        src_ids = self._source_ids(sources, source)
+        src_ids = self.source_ids(sources, source)
         texts = {i: t for i, t in enumerate(targets) if isinstance(t, str)}
         encoded = dict(zip(texts, self._target_encode(list(texts.values()), add_eos=True)))
         tgt_ids = [
