@@ -165,7 +165,9 @@ def train_batch(
     Optimizer step k of a run that never changed ``accum`` uses ``first = k · accum``; each
     micro-batch is a function of (seed, index) alone, so resumed runs see the same data.
     """
-    micro = [batches.batch_at(first + i) for i in range(accum)]
+    micro = [
+        batches.batch_at(first + i, jax.process_index(), jax.process_count()) for i in range(accum)
+    ]
     return {k: np.stack([m[k] for m in micro]) for k in micro[0]}
 
 
@@ -185,24 +187,22 @@ def remap_position(batches: PackedBatches | MixedBatches, position: int, old: An
             "data.max_tokens, data.max_len and data.packing cannot change on resume with "
             "several training corpora (data.train is a list): resume with the saved values"
         )
-    keep = [
-        i
-        for i in range(len(batches.src))
-        if batches.src_lengths[i] <= old.max_len and batches.tgt_lengths[i] <= old.max_len
-    ]
+    keep = np.flatnonzero(
+        (batches.src_lengths <= old.max_len) & (batches.tgt_lengths <= old.max_len)
+    )
     before = PackedBatches(
-        [batches.src[i] for i in keep],
-        [batches.tgt[i] for i in keep],
+        batches.src.select(keep),
+        batches.tgt.select(keep),
         max_len=old.max_len,
         rows=old.max_tokens // old.max_len,
         seed=batches.seed,
         packing=old.packing,
     )
     epoch, index = before.locate(position)
-    rows = before.epoch_rows(epoch)
-    share = sum(len(r) for r in rows[: index * before.rows]) / max(len(keep), 1)
+    rows = before.epoch_packing(epoch)
+    share = int(rows.offsets[min(index * before.rows, len(rows))]) / max(len(keep), 1)
     seen = share * len(batches.src)  # pairs of this epoch already trained on, in the new view
-    pairs = np.cumsum([len(r) for r in batches.epoch_rows(epoch)])  # pairs in the first k+1 rows
+    pairs = batches.epoch_packing(epoch).offsets[1:]  # pairs in the first k+1 rows
     rows_seen = int(np.searchsorted(pairs, seen - 1e-6)) + 1 if seen > 0 else 0
     start = sum(batches.batches_in_epoch(e) for e in range(epoch))
     return start + min(-(-rows_seen // batches.rows), batches.batches_in_epoch(epoch))
