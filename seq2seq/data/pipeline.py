@@ -1,7 +1,12 @@
 """From config to batches: read the splits, train/load the tokenizers, tokenize, filter, pack.
 
-Token ids are cached in ``{workdir}/tokens/`` (see ``seq2seq.data.token_cache``), so a resumed
-or second run reads them back instead of tokenizing again. Training pairs may be dropped by
+Token ids are written once to the token store in ``{workdir}/tokens/`` (flat arrays plus
+offsets, memory-mapped; see ``seq2seq.data.token_cache``), so a resumed or second run maps them
+instead of tokenizing again, and every process of a host shares them through the page cache.
+The training text is streamed in blocks and not kept; a resume whose training files are
+unchanged (size and mtime, see ``file_fingerprint``) does not read it at all: the tokenizer,
+the ids, the pair counts, the skipped pairs and the hashes of the training sources (for the
+dev/test overlap counts) all come from what the first run stored. Training pairs may be dropped by
 the length and ratio filters; dev and test pairs never are: over-long dev pairs and test
 sources are truncated, and every drop and truncation is counted in ``PreparedData.stats``.
 """
@@ -386,7 +391,7 @@ class _TrainText:
         """Corpus ``i`` as ``load_parallel`` reads it (read on first use)."""
         ds = self._datasets[i]
         if ds is None:
-            start, places = time.perf_counter(), []
+            start, places = time.perf_counter(), list[str]()
             source, data = self.sources[i], self.config.data
             ds = load_parallel(
                 source,
@@ -419,8 +424,8 @@ class _TrainText:
                 how.update(skip_empty=data.skip_empty, reader=READER_VERSION)
                 how["direction"] = list(data.direction(source))
                 digest = file_fingerprint(files, self.cache / "files.json")
-                known = hashlib.sha256(f"{json.dumps(how, sort_keys=True)}|{digest}".encode())
-                known = known.hexdigest()
+                text = f"{json.dumps(how, sort_keys=True)}|{digest}"
+                known = hashlib.sha256(text.encode()).hexdigest()
             self._inputs[i] = known
         return known  # type: ignore[return-value]
 

@@ -60,7 +60,7 @@ class TokenIds(Sequence):
     """
 
     def __init__(self, flat: np.ndarray, offsets: np.ndarray, index: np.ndarray | None = None):
-        self.flat, self.offsets, self.index = flat, offsets, index
+        self.flat, self.offsets, self.selection = flat, offsets, index
         starts, ends = offsets[:-1], offsets[1:]
         if index is not None:
             starts, ends = starts[index], ends[index]
@@ -96,7 +96,7 @@ class TokenIds(Sequence):
     def select(self, which: np.ndarray) -> TokenIds:
         """The sentences ``which`` (int indices into this object), without copying ids."""
         which = np.asarray(which, np.int64)
-        index = which if self.index is None else self.index[which]
+        index = which if self.selection is None else self.selection[which]
         return TokenIds(self.flat, self.offsets, index)
 
     def gather(self, which: np.ndarray) -> np.ndarray:
