@@ -328,6 +328,13 @@ class PackedBatches:
         rows = self.epoch_packing(epoch)[first : first + share]
         return make_batch(rows, self.src, self.tgt, share, self.max_len)
 
+    def tokens_at(self, step: int) -> np.ndarray:
+        """int64 ``[2]``: the real (source, target) tokens of the global batch at ``step``,
+        from the packed lengths (nothing laid out)."""
+        epoch, index = self.locate(step)
+        members = self.epoch_packing(epoch)[index * self.rows : (index + 1) * self.rows].members
+        return np.array([self.src_lengths[members].sum(), self.tgt_lengths[members].sum()])
+
     def real_token_share(self, epoch: int = 0) -> float:
         """Share of real (non-padding) tokens over all batches of ``epoch``, both sides, in [0, 1].
 
@@ -417,6 +424,11 @@ class MixedBatches:
         """The batch used at ``step``, as ``PackedBatches.batch_at`` (same shape and split)."""
         corpus, index = self.corpus_at(step)
         return self.corpora[corpus].batch_at(index, process_index, process_count)
+
+    def tokens_at(self, step: int) -> np.ndarray:
+        """The real (source, target) tokens of batch ``step``, see ``PackedBatches``."""
+        corpus, index = self.corpus_at(step)
+        return self.corpora[corpus].tokens_at(index)
 
     def locate(self, step: int) -> tuple[int, int]:
         """(epoch, batch within the epoch) of the corpus that batch ``step`` comes from."""

@@ -157,18 +157,33 @@ def check_train_config(config: Config) -> None:
         )
 
 
+class HostBatch(dict):
+    """A step's micro-batches on the host (``train_batch``), with the real tokens of the
+    global batch: ``real_tokens`` (both sides) and ``target_tokens``."""
+
+    real_tokens: int = 0
+    target_tokens: int = 0
+
+
 def train_batch(
-    batches: PackedBatches | MixedBatches, first: int, accum: int
-) -> dict[str, np.ndarray]:
+    batches: PackedBatches | MixedBatches,
+    first: int,
+    accum: int,
+    share: tuple[int, int] = (0, 1),
+) -> HostBatch:
     """Micro-batches ``first .. first+accum-1`` stacked as int32 ``[accum, rows, max_len]``.
 
     Optimizer step k of a run that never changed ``accum`` uses ``first = k · accum``; each
     micro-batch is a function of (seed, index) alone, so resumed runs see the same data.
+    ``share``: ``(index, count)`` of ``Partitioner.process_share``: only the rows this
+    process feeds are laid out (``[accum, rows // count, max_len]``); the token counts are
+    always the global batch's.
     """
-    micro = [
-        batches.batch_at(first + i, jax.process_index(), jax.process_count()) for i in range(accum)
-    ]
-    return {k: np.stack([m[k] for m in micro]) for k in micro[0]}
+    micro = [batches.batch_at(first + i, *share) for i in range(accum)]
+    out = HostBatch({k: np.stack([m[k] for m in micro]) for k in micro[0]})
+    counts = np.sum([batches.tokens_at(first + i) for i in range(accum)], axis=0)
+    out.real_tokens, out.target_tokens = int(counts.sum()), int(counts[1])
+    return out
 
 
 def remap_position(batches: PackedBatches | MixedBatches, position: int, old: Any) -> int:
@@ -737,13 +752,15 @@ def _train_loop(
     skips = _SkipCounter(int(loop.state.skipped), tcfg.max_skipped_steps)
     with _StopFlag() as stop, contextlib.closing(bar):
         loop.stop_flag = stop
-        batch = train_batch(data.train, p.micro_batches, accum) if p.step < tcfg.steps else None
+        share, rows = partitioner.process_share(data.train.rows), data.train.rows
+        batch = (
+            train_batch(data.train, p.micro_batches, accum, share) if p.step < tcfg.steps else None
+        )
         while p.step < tcfg.steps:
             assert batch is not None  # None only when no step is left to run
             t0 = time.perf_counter()
-            target = int((batch["tgt_segments"] > 0).sum())
-            real = target + int((batch["src_segments"] > 0).sum())
-            loop.state, m = sharded_step(loop.state, partitioner.shard_batch(batch, row_axis=1))
+            target, real = batch.target_tokens, batch.real_tokens
+            loop.state, m = sharded_step(loop.state, partitioner.shard_batch(batch, 1, rows))
             p.step, p.micro_batches = p.step + 1, p.micro_batches + accum
             if budget_due and first is None:
                 first = (p.step, p.train_seconds + time.perf_counter() - t0)
@@ -754,7 +771,7 @@ def _train_loop(
                 tcfg = loop.config.train
                 sharded_step = compile_step(tcfg)  # the decay's new end: one more compilation
             if p.step < tcfg.steps:  # prepared on the host while the device computes
-                batch = train_batch(data.train, p.micro_batches, accum)
+                batch = train_batch(data.train, p.micro_batches, accum, share)
             loop.pending.append(m)
             loop.window_real += real
             p.tokens_seen += real
