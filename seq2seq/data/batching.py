@@ -35,7 +35,7 @@ FIELDS = ("src", "src_segments", "src_positions", "tgt", "tgt_segments", "tgt_po
 
 class Rows:
     """Packed rows as flat arrays: row ``r`` holds pairs ``members[offsets[r]:offsets[r + 1]]``
-    (int64 pair indices in placement order; ``offsets`` int64 ``[rows + 1]``)."""
+    (int32/int64 pair indices in placement order; ``offsets`` int64 ``[rows + 1]``)."""
 
     def __init__(self, members: np.ndarray, offsets: np.ndarray):
         self.members, self.offsets = members, offsets
@@ -125,6 +125,8 @@ def pack_rows(
     rank[np.asarray(closed, np.int64)] = np.arange(opened)
     row_of = rank[placed]
     members = order[np.argsort(row_of, kind="stable")]  # stable: placement order within rows
+    if len(members) < 2**31:
+        members = members.astype(np.int32)  # half the memory of the epoch's packing
     offsets = np.zeros(opened + 1, np.int64)
     np.cumsum(np.bincount(row_of, minlength=opened), out=offsets[1:])
     return Rows(members, offsets)

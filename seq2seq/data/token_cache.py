@@ -55,8 +55,9 @@ class TokenIds(Sequence):
       index: int64 ``[n]``, the flat array's sentences this object holds, in order (None: all
         ``N``). Selecting (``select``) composes indices and copies no ids.
 
-    ``ids[i]`` is an int32 array (a copy of sentence ``index[i]``); ``lengths`` and ``starts``
-    are int64 ``[n]``. Nothing per sentence is kept as a Python object.
+    ``ids[i]`` is an int32 array (a copy of sentence ``index[i]``); ``lengths`` is int32
+    ``[n]``. Nothing per sentence is kept as a Python object, and beyond the flat arrays only
+    ``index`` and ``lengths`` (12 bytes per selected sentence).
     """
 
     def __init__(self, flat: np.ndarray, offsets: np.ndarray, index: np.ndarray | None = None):
@@ -64,8 +65,12 @@ class TokenIds(Sequence):
         starts, ends = offsets[:-1], offsets[1:]
         if index is not None:
             starts, ends = starts[index], ends[index]
-        self.starts = np.asarray(starts, np.int64)
-        self.lengths = np.asarray(ends, np.int64) - self.starts
+        self.lengths = (np.asarray(ends) - np.asarray(starts)).astype(np.int32)
+
+    def starts(self, which: np.ndarray) -> np.ndarray:
+        """int64: where sentences ``which`` (indices into this object) start in ``flat``."""
+        base = which if self.selection is None else self.selection[which]
+        return np.asarray(self.offsets[base], np.int64)
 
     @classmethod
     def from_list(cls, ids: Sequence[np.ndarray]) -> TokenIds:
@@ -86,7 +91,7 @@ class TokenIds(Sequence):
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError(f"sentence {i} of {len(self)}")
-        start = int(self.starts[i])
+        start = int(self.starts(np.array([i]))[0])
         return np.asarray(self.flat[start : start + int(self.lengths[i])], np.int32)
 
     def __iter__(self) -> Iterator[np.ndarray]:
@@ -102,12 +107,12 @@ class TokenIds(Sequence):
     def gather(self, which: np.ndarray) -> np.ndarray:
         """int32 ``[lengths[which].sum()]``: the ids of sentences ``which``, concatenated."""
         which = np.asarray(which, np.int64)
-        lengths = self.lengths[which]
+        lengths = self.lengths[which].astype(np.int64)
         total = int(lengths.sum())
         if total == 0:
             return np.zeros(0, np.int32)
         ends = np.cumsum(lengths)
-        shift = np.repeat(self.starts[which] - (ends - lengths), lengths)
+        shift = np.repeat(self.starts(which) - (ends - lengths), lengths)
         return np.asarray(self.flat[np.arange(total, dtype=np.int64) + shift], np.int32)
 
     def count(self, value: int) -> int:
