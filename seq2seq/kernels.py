@@ -15,8 +15,10 @@ identical):
 Why the ``cpu`` kernels exist: XLA's CPU backend runs a contraction over two axes (autodiff's
 weight gradient), and batched products of many tiny matrices (beams × heads at one decoding
 step), through slow generic loops, and its ``top_k`` over a whole vocabulary is slow; the
-README's "How it works" and benchmark sections give the measurements. On other backends the
-reference kernels may be as fast or faster.
+README's "How it works" and benchmark sections give the measurements. They were never
+measured elsewhere, so the default follows the backend: the ``cpu`` kernels on JAX's CPU
+backend, the ``reference`` ones on GPU and TPU (``for_backend``), chosen when first needed
+(at the first trace) and logged.
 
 Usage::
 
@@ -25,18 +27,22 @@ Usage::
         ...
     kernels.select("reference")      # for the rest of the process
 
-or ``SEQ2SEQ_KERNELS=reference`` in the environment (read once, at import; for the command-line
-tools). The choice is read when a function is traced. Changing it clears JAX's compilation
-caches (``jax.clear_caches``), so nothing compiled under the other choice is reused.
+or ``SEQ2SEQ_KERNELS=cpu|reference`` in the environment (read once, at import; for the
+command-line tools), which overrides the backend's default. The choice is read when a
+function is traced. Changing it clears JAX's compilation caches (``jax.clear_caches``), so
+nothing compiled under the other choice is reused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 
 import jax
+
+log = logging.getLogger(__name__)
 
 CPU = "cpu"
 REFERENCE = "reference"
@@ -49,17 +55,36 @@ def _check(name: str) -> str:
     return name
 
 
-_selected = _check(os.environ.get("SEQ2SEQ_KERNELS", CPU))
+_ENVIRONMENT = os.environ.get("SEQ2SEQ_KERNELS") or None
+# None until first needed: then the backend's default (for_backend)
+_selected: str | None = _check(_ENVIRONMENT) if _ENVIRONMENT else None
+
+
+def for_backend(backend: str) -> str:
+    """The default kernels on JAX backend ``backend`` (``jax.default_backend()``): ``"cpu"``
+    on ``cpu``, ``"reference"`` on any other (``gpu``, ``cuda``, ``rocm``, ``tpu``)."""
+    return CPU if backend == "cpu" else REFERENCE
 
 
 def selected() -> str:
-    """The kernels in use: ``"cpu"`` or ``"reference"``."""
+    """The kernels in use: ``"cpu"`` or ``"reference"`` (on first call without a choice made,
+    the default of ``jax.default_backend()``, logged)."""
+    global _selected
+    if _selected is None:
+        backend = jax.default_backend()
+        _selected = for_backend(backend)
+        log.info(
+            "kernels: %s (the default on the JAX %s backend; SEQ2SEQ_KERNELS=cpu|reference "
+            "chooses)",
+            _selected,
+            backend,
+        )
     return _selected
 
 
 def cpu() -> bool:
-    """True when the XLA:CPU-tuned kernels are selected (the default)."""
-    return _selected == CPU
+    """True when the XLA:CPU-tuned kernels are selected (the default on the CPU backend)."""
+    return selected() == CPU
 
 
 def select(name: str) -> None:
@@ -77,7 +102,7 @@ def select(name: str) -> None:
 @contextlib.contextmanager
 def use(name: str) -> Iterator[None]:
     """``select(name)`` for the ``with`` block, then the previous choice again."""
-    previous = _selected
+    previous = selected()
     select(name)
     try:
         yield

@@ -444,27 +444,60 @@ class Partitioner:
             return self.batch_sharding
         return NamedSharding(self.mesh, P(*([None] * row_axis), self.batch_sharding.spec[0]))
 
-    def shard_batch(self, batch: Mapping[_K, np.ndarray], row_axis: int = 0) -> dict[_K, jax.Array]:
-        """Global arrays split by rows over ``data × fsdp`` from a global host batch.
-
-        Every process holds the same global batch (batch k is a function of (seed, k)) and
-        hands ``jax.make_array_from_process_local_data`` only its own rows.
-
-        Args:
-          batch: arrays whose axis ``row_axis`` has equal length ``rows`` (divisible by
-            data × fsdp): ``[rows, ...]`` or micro-batches ``[accum, rows, ...]``.
+    def process_share(self, num_rows: int) -> tuple[int, int]:
+        """``(index, count)``: this process feeds the ``index``-th of ``count`` equal,
+        contiguous blocks of a batch of ``num_rows`` rows (``process_rows``), as
+        ``PackedBatches.batch_at(step, index, count)`` lays them out; ``(0, 1)`` (the whole
+        batch) when its rows are not such a block.
 
         Raises:
-          MeshError: ``rows`` is not divisible by data × fsdp.
+          MeshError: ``num_rows`` is not divisible by ``data × fsdp``.
+        """
+        rows = self.process_rows(num_rows)
+        n, first = len(rows), int(rows[0])
+        block = n and num_rows % n == 0 and first % n == 0
+        if block and np.array_equal(rows, np.arange(first, first + n)):
+            return first // n, num_rows // n
+        return 0, 1
+
+    def shard_batch(
+        self, batch: Mapping[_K, np.ndarray], row_axis: int = 0, global_rows: int | None = None
+    ) -> dict[_K, jax.Array]:
+        """Global arrays split by rows over ``data × fsdp`` from a host batch.
+
+        Batch k is a function of (seed, k), so each process can lay out the global batch, or
+        only its own rows, and hands ``jax.make_array_from_process_local_data`` its rows.
+
+        Args:
+          batch: arrays whose axis ``row_axis`` has equal length: ``[rows, ...]`` or
+            micro-batches ``[accum, rows, ...]``; either the global batch's ``rows``
+            (divisible by data × fsdp) or, with ``global_rows``, possibly only this process's
+            rows (``process_rows(global_rows)``, e.g. from ``process_share``).
+          global_rows: rows of the global batch (None: ``batch`` is the global batch).
+
+        Raises:
+          MeshError: the rows are not divisible by data × fsdp, or ``batch`` holds neither
+            the global batch nor this process's rows of it.
         """
         first = next(iter(batch.values()))
-        rows = self.process_rows(np.shape(first)[row_axis])
+        have = np.shape(first)[row_axis]
+        total = have if global_rows is None else global_rows
+        rows = self.process_rows(total)
         sharding = self.rows_sharding(row_axis)
+        if have == total:
+            local = {k: np.take(np.asarray(v), rows, axis=row_axis) for k, v in batch.items()}
+        elif have == len(rows):
+            local = {k: np.asarray(v) for k, v in batch.items()}
+        else:
+            raise MeshError(
+                f"a host batch of {have} rows is neither the global batch ({total} rows) nor "
+                f"this process's {len(rows)} rows of it"
+            )
         return {
             k: jax.make_array_from_process_local_data(
-                sharding, np.take(np.asarray(v), rows, axis=row_axis), np.shape(v)
+                sharding, v, (*v.shape[:row_axis], total, *v.shape[row_axis + 1 :])
             )
-            for k, v in batch.items()
+            for k, v in local.items()
         }
 
     def compute_layout(self, shardings: Any) -> Any:

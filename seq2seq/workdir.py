@@ -8,7 +8,9 @@ Layout::
       config_changes.jsonl settings changed on resume: ``{"step", "key", "saved", "new"}``
       spm.model, spm.json  SentencePiece model and the hash of its inputs (separate
                            vocabularies: spm.{src_lang}.model/.json, spm.{tgt_lang}.model/.json)
-      tokens/              cached token ids of each split and side (seq2seq.data.token_cache)
+      tokens/              the token store: ids of each split and side as memory-mapped flat
+                           arrays, the training files' fingerprints, epoch batch counts
+                           (seq2seq.data.token_cache)
       skipped.txt          pairs skipped for an empty side: ``split<TAB>file:line`` per line
       checkpoints/<step>/  orbax checkpoints (state + JSON bookkeeping), last k + best
       metrics.jsonl        one JSON object per log/eval event

@@ -9,6 +9,8 @@ Modes:
                 sharding specs; sharded init; eval step; beam search; a checkpoint on (2,2,2).
   continue      1 device: restore the (2,2,2) checkpoint and take the next step.
   multiprocess  2 devices per process, ``jax.distributed`` on 127.0.0.1: the same steps.
+  host_batches  2 devices per process, 2 processes: each lays out only its rows of the
+                training batches, assembled into global arrays.
   loop          2 devices per process, 2 processes: the real ``seq2seq-train`` command on a
                 (1,2,2) mesh (overrides after ``--``).
 """
@@ -324,6 +326,58 @@ def multiprocess(out: Path, process_id: int, num_processes: int, port: int) -> N
     multihost_utils.sync_global_devices("done")
 
 
+def host_batches(out: Path, process_id: int, num_processes: int, port: int) -> None:
+    """One of ``num_processes`` processes, 2 CPU devices each, mesh (data=2·n, 1, 1): the
+    training loop's host batches (``train_batch`` with ``process_share``) assembled into
+    global arrays. Records the rows each process laid out and the gathered global batches."""
+    initialize_distributed(
+        DistributedConfig(
+            coordinator_address=f"127.0.0.1:{port}",
+            num_processes=num_processes,
+            process_id=process_id,
+            initialization_timeout=120,
+        )
+    )
+    from jax.experimental import multihost_utils
+
+    from seq2seq.data import batching
+    from seq2seq.data.batching import PackedBatches
+    from seq2seq.training.loop import train_batch
+
+    laid_out = []  # the rows each make_batch call laid out
+    real_make_batch = batching.make_batch
+
+    def spy(rows, src, tgt, num_rows, max_len):
+        laid_out.append(num_rows)
+        return real_make_batch(rows, src, tgt, num_rows, max_len)
+
+    batching.make_batch = spy
+    src, tgt = random_pairs(300, np.random.default_rng(5))
+    batches = PackedBatches(src, tgt, max_len=24, rows=8, seed=3)
+    p = Partitioner(make_mesh(MeshConfig(2 * num_processes, 1, 1)))
+    share = p.process_share(batches.rows)
+    record: dict = {"share": list(share), "steps": []}
+    for first in (0, 3, batches.batches_in_epoch(0) - 1):
+        host = train_batch(batches, first, 2, share)
+        placed = p.shard_batch(host, 1, batches.rows)
+        gathered = {
+            k: np.asarray(multihost_utils.process_allgather(v, tiled=True))
+            for k, v in placed.items()
+        }
+        record["steps"].append(
+            {
+                "first": first,
+                "host_shape": list(host["src"].shape),
+                "real_tokens": host.real_tokens,
+                "target_tokens": host.target_tokens,
+            }
+        )
+        np.savez(out / f"host_{process_id}_{first}.npz", **gathered)
+    record["laid_out_rows"] = laid_out
+    (out / f"host_batches_{process_id}.json").write_text(json.dumps(record))
+    multihost_utils.sync_global_devices("done")
+
+
 def loop(overrides: list[str]) -> None:
     """The training command as a user runs it, on every process."""
     from seq2seq import cli
@@ -335,7 +389,7 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["loop"]:
         loop(sys.argv[sys.argv.index("--") + 1 :])
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["meshes", "continue", "multiprocess"])
+    parser.add_argument("mode", choices=["meshes", "continue", "multiprocess", "host_batches"])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--process-id", type=int, default=0)
     parser.add_argument("--num-processes", type=int, default=2)
@@ -345,5 +399,7 @@ if __name__ == "__main__":
         meshes(args.out)
     elif args.mode == "continue":
         continue_on_one_device(args.out)
+    elif args.mode == "host_batches":
+        host_batches(args.out, args.process_id, args.num_processes, args.port)
     else:
         multiprocess(args.out, args.process_id, args.num_processes, args.port)

@@ -257,3 +257,80 @@ def test_attention_weights_of_a_chunked_model_come_from_the_dense_path():
         np.testing.assert_allclose(got[name], want[name], atol=1e-5, err_msg=name)
     # the plain forward pass (chunked) agrees with the dense one as well
     np.testing.assert_allclose(chunked(batch, bos_id=BOS), want["logits"], atol=1e-5)
+
+
+def _fake_cudnn(real):
+    """``jax.nn.dot_product_attention`` where ``implementation="cudnn"`` behaves as cuDNN's
+    flash attention does on a query row with no allowed key: NaN (0/0 in the softmax)."""
+
+    def attention(query, key, value, bias=None, mask=None, implementation=None):
+        out = real(query, key, value, bias=bias, mask=mask)
+        if implementation == "cudnn" and mask is not None:
+            empty = ~jnp.any(
+                jnp.broadcast_to(mask, (*mask.shape[:2], query.shape[1], key.shape[1])), -1
+            )
+            out = jnp.where(jnp.swapaxes(empty, 1, 2)[..., None], jnp.nan, out)
+        return out
+
+    return attention
+
+
+@pytest.mark.parametrize("bias_kind", ["none", "relative"])
+def test_cudnn_guard_gives_padding_queries_the_dense_values_not_nan(monkeypatch, bias_kind):
+    length = 2 * BLOCK + 1
+    rng = np.random.default_rng(4)
+    q, k, v = (
+        jnp.asarray(rng.normal(size=(2, length, HEADS, HEAD_DIM)), jnp.float32) for _ in range(3)
+    )
+    _, mask, positions, _ = _case(length, "packed")  # row 0 ends in padding queries
+    assert not np.asarray(mask.dense()).any(-1).all()  # some query rows have no key
+    bias = None
+    if bias_kind == "relative":
+        graphdef, state = _relative(bidirectional=True)
+        bias = PositionBias(nnx.merge(graphdef, state).bias_fn(), positions, positions)
+    fake = _fake_cudnn(jax.nn.dot_product_attention)
+    # the fake is a real test double: without the guard the padding rows are NaN
+    assert np.isnan(np.asarray(fake(q, k, v, mask=mask.dense(), implementation="cudnn"))).any()
+    monkeypatch.setattr(jax.nn, "dot_product_attention", fake)
+
+    def loss(implementation, q, k, v):
+        out = dot_product_attention(q, k, v, mask, bias=bias, implementation=implementation)
+        return jnp.sum(out.astype(jnp.float32) ** 2), out
+
+    (value, out), grads = jax.value_and_grad(
+        functools.partial(loss, "cudnn"), argnums=(0, 1, 2), has_aux=True
+    )(q, k, v)
+    (_, reference), ref_grads = jax.value_and_grad(
+        functools.partial(loss, "dense"), argnums=(0, 1, 2), has_aux=True
+    )(q, k, v)
+    assert np.isfinite(float(value)) and all(np.isfinite(np.asarray(g)).all() for g in grads)
+    # bfloat16 operands: equal to the dense float32 reference within bfloat16 rounding,
+    # padding queries included (the mean of the values, as dense's uniform weights give)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(reference), atol=3e-2)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=0.15, rtol=0.05)
+
+
+@pytest.mark.gpu
+def test_cudnn_equals_dense_on_packed_rows_on_a_gpu():
+    if jax.default_backend() != "gpu":
+        pytest.skip("cuDNN attention needs a GPU backend")
+    length = 64
+    rng = np.random.default_rng(5)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, length, HEADS, 64)), jnp.float32) for _ in range(3))
+    _, mask, _, _ = _case(length, "packed")  # row 0 ends in padding queries
+
+    def run(implementation):
+        def loss(q, k, v):
+            out = dot_product_attention(q, k, v, mask, implementation=implementation)
+            return jnp.sum(out.astype(jnp.float32) ** 2), out
+
+        return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
+
+    (_, out), grads = run("cudnn")
+    (_, reference), ref_grads = run("dense")
+    assert np.isfinite(np.asarray(out)).all()
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(reference), atol=3e-2)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=0.3, rtol=0.05)

@@ -27,7 +27,7 @@ def both(fn):
     return cpu, reference
 
 
-def test_the_default_is_cpu_unless_the_environment_says_otherwise():
+def test_the_default_on_this_cpu_is_cpu_unless_the_environment_says_otherwise():
     def selected(value):
         env = {k: v for k, v in os.environ.items() if k != "SEQ2SEQ_KERNELS"}
         if value is not None:
@@ -43,6 +43,19 @@ def test_the_default_is_cpu_unless_the_environment_says_otherwise():
     assert selected("reference").stdout.strip() == "reference"
     bad = selected("fast")
     assert bad.returncode != 0 and "unknown kernels 'fast'; choose cpu or reference" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "backend, expected",
+    [("cpu", "cpu"), ("gpu", "reference"), ("cuda", "reference"), ("tpu", "reference")],
+)
+def test_the_default_follows_the_backend_and_is_logged(monkeypatch, caplog, backend, expected):
+    monkeypatch.setattr(kernels, "_selected", None)  # as at import without SEQ2SEQ_KERNELS
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    with caplog.at_level("INFO", logger="seq2seq.kernels"):
+        assert kernels.selected() == expected and kernels.cpu() == (expected == "cpu")
+    assert f"kernels: {expected} (the default on the JAX {backend} backend" in caplog.text
+    assert kernels.for_backend(backend) == expected
 
 
 @kernels.use(kernels.CPU)

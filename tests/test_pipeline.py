@@ -25,6 +25,7 @@ from seq2seq.config import (
     TokenizerConfig,
     replace,
 )
+from seq2seq.data import pipeline, token_cache
 from seq2seq.data.batching import FIELDS, PackedBatches, real_token_share
 from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.data.tokenizer import Tokenizer, train_or_load
@@ -148,7 +149,7 @@ def test_a_second_run_neither_retrains_nor_retokenizes(toy, monkeypatch):
     first = prepare(config, config.workdir)
     cached = sorted(
         p.name.split(".")[0] + "." + p.name.split(".")[1]
-        for p in (Path(config.workdir) / "tokens").glob("*.npz")
+        for p in (Path(config.workdir) / "tokens").glob("*.offsets")
     )
     assert cached == [
         "dev.source",
@@ -161,11 +162,24 @@ def test_a_second_run_neither_retrains_nor_retokenizes(toy, monkeypatch):
 
     monkeypatch.setattr(spm.SentencePieceTrainer, "train", lambda **kw: pytest.fail("retrained"))
     monkeypatch.setattr(Tokenizer, "encode", lambda *a, **kw: pytest.fail("tokenized again"))
+    for module in (token_cache, pipeline):
+        monkeypatch.setattr(module, "encode_blocks", lambda *a: pytest.fail("tokenized again"))
+    read = []  # the splits whose text is read: the training text is not
+    real_load = pipeline.load_parallel
+    monkeypatch.setattr(
+        pipeline,
+        "load_parallel",
+        lambda *a, **kw: read.append(kw["split_name"]) or real_load(*a, **kw),
+    )
     second = prepare(config, config.workdir)
+    assert read == ["dev", "test"]
     s = second.stats
     assert s["token_cache_hits"] == 6 and s["tokenize_sentences"] == 0
     assert "tokenize_sentences_per_second" not in s
     for key in (
+        "train_pairs_read",
+        "dev_sources_in_train",
+        "test_sources_in_train",
         "train_pairs",
         "train_pairs_dropped_length",
         "train_pairs_dropped_ratio",
@@ -178,6 +192,22 @@ def test_a_second_run_neither_retrains_nor_retokenizes(toy, monkeypatch):
         a, b = first.train.batch_at(step), second.train.batch_at(step)
         for key in FIELDS:
             np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_changed_training_text_is_read_retrained_and_tokenized_again(toy):
+    config = toy_config(toy)
+    first = prepare(config, config.workdir)
+    path = Path(config.data.train.path + ".es")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1] + ["una frase nueva que nadie ha visto"]) + "\n")
+    second = prepare(config, config.workdir)
+    s = second.stats
+    assert second.tokenizer.source.sha256 != first.tokenizer.source.sha256  # retrained
+    assert s["token_cache_hits"] == 0 and s["tokenize_sentences"] > 0
+    # the files' fingerprints were recorded: a third run reads nothing of the training text
+    third = prepare(config, config.workdir)
+    assert third.stats["token_cache_hits"] == 6
+    assert third.tokenizer.source.sha256 == second.tokenizer.source.sha256
 
 
 def test_separate_vocabularies_with_shared_embeddings_fail_before_reading(tmp_path):

@@ -148,6 +148,56 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_each_process_lays_out_only_its_rows_and_together_they_are_the_global_batch(tmp_path):
+    """2 processes × 2 CPU devices, data parallel over all 4: ``train_batch`` with the
+    partitioner's ``process_share`` lays out half the rows of every micro-batch."""
+    from conftest import random_pairs
+
+    from seq2seq.data.batching import PackedBatches
+    from seq2seq.training.loop import train_batch
+
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), "host_batches", "--out", str(tmp_path)]
+            + ["--process-id", str(i), "--num-processes", "2", "--port", port],
+            env=_env(2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        logs = [p.communicate(timeout=600)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, p in enumerate(procs):
+        assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+    records = [json.loads((tmp_path / f"host_batches_{i}.json").read_text()) for i in range(2)]
+    assert [r["share"] for r in records] == [[0, 2], [1, 2]]
+    # every batch each process laid out had 4 of the 8 rows (2 micro-batches × 3 steps)
+    assert all(r["laid_out_rows"] == [4] * 6 for r in records)
+    src, tgt = random_pairs(300, np.random.default_rng(5))  # as the worker
+    batches = PackedBatches(src, tgt, max_len=24, rows=8, seed=3)
+    for k, step in enumerate(records[0]["steps"]):
+        full = train_batch(batches, step["first"], 2)  # one process: the whole global batch
+        for i, r in enumerate(records):
+            assert r["steps"][k]["host_shape"] == [2, 4, 24]
+            assert (r["steps"][k]["real_tokens"], r["steps"][k]["target_tokens"]) == (
+                full.real_tokens,
+                full.target_tokens,
+            )
+            gathered = _npz(tmp_path / f"host_{i}_{step['first']}.npz")
+            assert gathered.keys() == full.keys()
+            for key in full:  # the union of the processes' rows is the global batch
+                np.testing.assert_array_equal(gathered[key], full[key])
+        assert full.target_tokens == int((full["tgt_segments"] > 0).sum())
+        assert full.real_tokens == full.target_tokens + int((full["src_segments"] > 0).sum())
+
+
 def test_two_processes_equal_one_device(runs):
     """jax.distributed on localhost: 2 processes × 2 CPU devices, mesh (1,2,2)."""
     out, r = runs

@@ -1,12 +1,26 @@
-"""The token-id cache: plain int32/int64 arrays, keyed by text and model, never stale."""
+"""The token store: flat uint16/int32 ids and int64 offsets, memory-mapped, keyed by text (or
+the files' fingerprint) and model, never stale."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from seq2seq.config import TokenizerConfig
-from seq2seq.data.token_cache import content_key, encode_cached, from_flat, to_flat
+from seq2seq.data import token_cache
+from seq2seq.data.token_cache import (
+    TokenIds,
+    content_key,
+    encode_cached,
+    file_fingerprint,
+    from_flat,
+    read_store,
+    to_flat,
+    write_store,
+)
 from seq2seq.data.tokenizer import Tokenizer, train_or_load
 
 TEXTS = [f"sentence {i} about {'cats' if i % 2 else 'dogs'} and {i % 7} birds." for i in range(300)]
@@ -39,23 +53,58 @@ def test_flat_layout_round_trips_including_empty():
     assert from_flat(*to_flat([])) == []
 
 
-def test_second_call_reads_the_file_instead_of_tokenizing(tmp_path, tok, monkeypatch):
+def test_second_call_maps_the_store_instead_of_tokenizing(tmp_path, tok, monkeypatch):
     ids, hit, seconds = encode_cached(tok, TEXTS, tmp_path, "train.source")
     assert not hit and seconds > 0
     assert_same_ids(ids, tok.encode(TEXTS))
-    files = list(tmp_path.glob("train.source.*.npz"))
-    assert len(files) == 1
-    with np.load(files[0], allow_pickle=False) as f:  # plain arrays, no pickled objects
-        assert sorted(f.files) == ["ids", "offsets"]
-        assert f["ids"].dtype == np.int32 and f["offsets"].shape == (len(TEXTS) + 1,)
+    files = sorted(p.name.split(".", 2)[2].split(".")[1] for p in tmp_path.glob("train.source.*"))
+    assert files == ["ids", "json", "offsets"]
+    meta = json.loads(next(tmp_path.glob("train.source.*.json")).read_text())
+    assert meta["dtype"] == np.dtype(np.uint16).str  # 40 pieces fit in 16 bits
+    assert meta["sentences"] == len(TEXTS) and meta["tokens"] == sum(len(x) for x in ids)
+    assert next(tmp_path.glob("*.ids")).stat().st_size == 2 * meta["tokens"]
 
-    monkeypatch.setattr(Tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized again"))
+    monkeypatch.setattr(token_cache, "encode_blocks", lambda *a: pytest.fail("tokenized again"))
     again, hit, _ = encode_cached(tok, TEXTS, tmp_path, "train.source")
     assert hit
+    assert isinstance(again.flat, np.memmap) and isinstance(again.offsets, np.memmap)
     assert_same_ids(again, ids)
 
 
-def test_changed_text_or_model_tokenizes_again_and_drops_the_old_file(tmp_path, tok, other_tok):
+def test_large_vocabularies_are_stored_as_int32(tmp_path):
+    blocks = iter([[[70_000, 3], [5, 3]], [[65_536, 1, 3]]])
+    ids = write_store(tmp_path, "train.target", "k" * 32, blocks, vocab_size=70_001)
+    assert ids.flat.dtype == np.int32
+    assert_same_ids(ids, [np.array(x, np.int32) for x in ([70_000, 3], [5, 3], [65_536, 1, 3])])
+    np.testing.assert_array_equal(ids.lengths, [2, 2, 3])
+
+
+def test_selection_gathers_without_copying_the_store():
+    ids = TokenIds.from_list([np.arange(n, dtype=np.int32) + 10 * n for n in (3, 1, 4, 2)])
+    part = ids.select(np.array([2, 0]))
+    assert part.flat is ids.flat
+    assert_same_ids(part, [ids[2], ids[0]])
+    np.testing.assert_array_equal(part.gather(np.array([1, 0])), np.concatenate([ids[0], ids[2]]))
+    assert ids.count(40) == 1 and part.select(np.array([1])).count(40) == 0
+    assert_same_ids(ids[1:3], [ids[1], ids[2]])
+    assert ids[-1].tolist() == [20, 21]
+
+
+def test_file_fingerprint_reads_a_file_only_when_it_changed(tmp_path, monkeypatch):
+    data, registry = tmp_path / "train.en", tmp_path / "tokens" / "files.json"
+    data.write_text("one\ntwo\n")
+    first = file_fingerprint([data], registry)
+    real = token_cache._file_sha256
+    monkeypatch.setattr(token_cache, "_file_sha256", lambda p: pytest.fail(f"read {p}"))
+    assert file_fingerprint([data], registry) == first  # size and mtime unchanged: no read
+    monkeypatch.setattr(token_cache, "_file_sha256", real)
+    data.write_text("one\nTWO\n")  # same size, new mtime: read, and the change is seen
+    assert file_fingerprint([data], registry) != first
+    data.write_text("one\ntwo\n")  # the old content again: the old fingerprint
+    assert file_fingerprint([data], registry) == first
+
+
+def test_changed_text_or_model_tokenizes_again_and_drops_the_old_store(tmp_path, tok, other_tok):
     encode_cached(tok, TEXTS, tmp_path, "train.source")
     encode_cached(tok, TEXTS, tmp_path, "dev.source")
     changed = TEXTS[:-1] + [TEXTS[-1] + "!"]
@@ -65,9 +114,9 @@ def test_changed_text_or_model_tokenizes_again_and_drops_the_old_file(tmp_path, 
     ids, hit, _ = encode_cached(other_tok, changed, tmp_path, "train.source")
     assert not hit
     assert_same_ids(ids, other_tok.encode(changed))
-    # one file per split side; the other split's file is untouched
-    assert len(list(tmp_path.glob("train.source.*.npz"))) == 1
-    assert len(list(tmp_path.glob("dev.source.*.npz"))) == 1
+    # one store per split side; the other split's store is untouched
+    assert len(list(tmp_path.glob("train.source.*"))) == 3
+    assert len(list(tmp_path.glob("dev.source.*"))) == 3
 
 
 def test_key_separates_sentence_boundaries_and_models(tok, other_tok):
@@ -75,26 +124,29 @@ def test_key_separates_sentence_boundaries_and_models(tok, other_tok):
     assert content_key(["ab"], tok) != content_key(["a", "b"], tok)
     assert content_key(TEXTS, tok) != content_key(TEXTS, other_tok)
     assert content_key(TEXTS, tok) == content_key(list(TEXTS), tok)
+    assert content_key(None, tok, inputs="a") != content_key(None, tok, inputs="b")
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "wrong_offsets", "float_ids"])
-def test_damaged_file_is_never_trusted(tmp_path, tok, damage):
-    ids, _, _ = encode_cached(tok, TEXTS, tmp_path, "train.target")
-    path = next(tmp_path.glob("train.target.*.npz"))
-    flat, offsets = to_flat(ids)
-    if damage == "garbage":
-        path.write_bytes(b"not an npz file")
-    elif damage == "truncated":
-        path.write_bytes(path.read_bytes()[:100])
+@pytest.mark.parametrize("damage", ["garbage_meta", "truncated_ids", "wrong_offsets", "float_ids"])
+def test_damaged_store_is_never_trusted(tmp_path, tok, damage):
+    ids = encode_cached(tok, TEXTS, tmp_path, "train.target")[0].to_list()  # not the mapping
+    meta_path = next(tmp_path.glob("train.target.*.json"))
+    stem = str(meta_path)[: -len(".json")]
+    if damage == "garbage_meta":
+        meta_path.write_text("not json")
+    elif damage == "truncated_ids":
+        Path(stem + ".ids").write_bytes(Path(stem + ".ids").read_bytes()[:100])
     elif damage == "wrong_offsets":
-        np.savez(path, ids=flat, offsets=offsets[:-1])
+        offsets = np.fromfile(stem + ".offsets", np.int64)
+        offsets[5] = offsets[4] - 1
+        offsets.tofile(stem + ".offsets")
     else:
-        np.savez(path, ids=flat.astype(np.float32), offsets=offsets)
+        meta = json.loads(meta_path.read_text())
+        meta_path.write_text(json.dumps({**meta, "dtype": "<f4"}))
     again, hit, _ = encode_cached(tok, TEXTS, tmp_path, "train.target")
     assert not hit
     assert_same_ids(again, ids)
-    with np.load(path, allow_pickle=False) as f:  # rewritten correctly
-        np.testing.assert_array_equal(f["ids"], flat)
+    assert_same_ids(read_store(tmp_path, "train.target", content_key(TEXTS, tok))[0], ids)
 
 
 def test_no_cache_dir_and_bad_names(tmp_path, tok):

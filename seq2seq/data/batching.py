@@ -20,12 +20,116 @@ step already in the checkpoint and random access to any step, without a new depe
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 
+from seq2seq.data.token_cache import TokenIds
+
 Batch = dict[str, np.ndarray]
 FIELDS = ("src", "src_segments", "src_positions", "tgt", "tgt_segments", "tgt_positions")
+
+
+class Rows:
+    """Packed rows as flat arrays: row ``r`` holds pairs ``members[offsets[r]:offsets[r + 1]]``
+    (int32/int64 pair indices in placement order; ``offsets`` int64 ``[rows + 1]``)."""
+
+    def __init__(self, members: np.ndarray, offsets: np.ndarray):
+        self.members, self.offsets = members, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, rows: slice) -> Rows:
+        """Rows ``rows`` (a slice with step 1)."""
+        first, stop, _ = rows.indices(len(self))
+        stop = max(first, stop)
+        offsets = self.offsets[first : stop + 1]
+        return Rows(self.members[offsets[0] : offsets[-1]], offsets - offsets[0])
+
+    def sizes(self) -> np.ndarray:
+        """int64 ``[rows]``: pairs per row."""
+        return np.diff(self.offsets)
+
+    def to_lists(self) -> list[list[int]]:
+        """One list of pair indices per row."""
+        m = self.members.tolist()
+        o = self.offsets.tolist()
+        return [m[a:b] for a, b in zip(o[:-1], o[1:])]
+
+    @classmethod
+    def from_lists(cls, rows: Sequence[Sequence[int]]) -> Rows:
+        sizes = np.fromiter(map(len, rows), np.int64, len(rows))
+        offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        members = np.fromiter((i for r in rows for i in r), np.int64, int(offsets[-1]))
+        return cls(members, offsets)
+
+
+def pack_rows(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    order: np.ndarray,
+    max_len: int,
+    *,
+    packing: bool = True,
+    window: int = 16,
+) -> Rows:
+    """Group pairs into rows whose source and target each fit in ``max_len`` tokens.
+
+    First-fit over a window of open rows: each pair goes into the first open row with room on
+    both sides; when ``window`` rows are open the oldest is closed. Rows come in the order
+    they are closed (the open ones at the end, oldest first).
+
+    Args:
+      src_lengths / tgt_lengths: int ``[num_pairs]`` token counts (each ≤ max_len).
+      order: the pair indices in the order to place them.
+      max_len: row length in tokens.
+      packing: if False every pair gets its own row.
+      window: open rows searched per pair.
+
+    Returns:
+      the rows as flat arrays (``Rows``); no Python object per pair or row is kept.
+
+    Raises:
+      ValueError: a pair is longer than ``max_len`` (filter or truncate first).
+    """
+    order = np.asarray(order, np.int64)
+    if len(order) and max(src_lengths[order].max(), tgt_lengths[order].max()) > max_len:
+        raise ValueError(f"a pair is longer than max_len={max_len}; filter or truncate first")
+    if not packing:
+        return Rows(order, np.arange(len(order) + 1, dtype=np.int64))
+    placed = np.empty(len(order), np.int64)  # the (provisional) row of each placed pair
+    closed: list[int] = []  # provisional rows in closing order
+    open_rows: list[list[int]] = []  # [src_room, tgt_room, provisional row]
+    opened = 0
+    pairs = zip(src_lengths[order].tolist(), tgt_lengths[order].tolist())
+    for k, (a, b) in enumerate(pairs):
+        for row in open_rows:
+            if row[0] >= a and row[1] >= b:
+                row[0] -= a
+                row[1] -= b
+                placed[k] = row[2]
+                break
+        else:
+            if len(open_rows) == window:
+                closed.append(open_rows.pop(0)[2])
+            open_rows.append([max_len - a, max_len - b, opened])
+            placed[k] = opened
+            opened += 1
+    closed.extend(row[2] for row in open_rows)
+    rank = np.empty(opened, np.int64)
+    rank[np.asarray(closed, np.int64)] = np.arange(opened)
+    row_of = rank[placed]
+    members = order[np.argsort(row_of, kind="stable")]  # stable: placement order within rows
+    if len(members) < 2**31:
+        members = members.astype(np.int32)  # half the memory of the epoch's packing
+    offsets = np.zeros(opened + 1, np.int64)
+    np.cumsum(np.bincount(row_of, minlength=opened), out=offsets[1:])
+    return Rows(members, offsets)
 
 
 def pack(
@@ -37,69 +141,50 @@ def pack(
     packing: bool = True,
     window: int = 16,
 ) -> list[list[int]]:
-    """Group pairs into rows whose source and target each fit in ``max_len`` tokens.
-
-    First-fit over a window of open rows: each pair goes into the first open row with room on
-    both sides; when ``window`` rows are open the oldest is closed.
-
-    Args:
-      src_lengths / tgt_lengths: int ``[num_pairs]`` token counts (each ≤ max_len).
-      order: the pair indices in the order to place them.
-      max_len: row length in tokens.
-      packing: if False every pair gets its own row.
-      window: open rows searched per pair.
-
-    Returns:
-      rows, each a list of pair indices in placement order.
-
-    Raises:
-      ValueError: a pair is longer than ``max_len`` (filter or truncate first).
-    """
-    if len(order) and max(src_lengths[order].max(), tgt_lengths[order].max()) > max_len:
-        raise ValueError(f"a pair is longer than max_len={max_len}; filter or truncate first")
-    if not packing:
-        return [[int(i)] for i in order]
-    rows: list[list[int]] = []
-    open_rows: list[list] = []  # [src_room, tgt_room, members]
-    for i in order.tolist():
-        a, b = int(src_lengths[i]), int(tgt_lengths[i])
-        for row in open_rows:
-            if row[0] >= a and row[1] >= b:
-                row[0] -= a
-                row[1] -= b
-                row[2].append(i)
-                break
-        else:
-            if len(open_rows) == window:
-                rows.append(open_rows.pop(0)[2])
-            open_rows.append([max_len - a, max_len - b, [i]])
-    rows.extend(row[2] for row in open_rows)
-    return rows
+    """``pack_rows`` as one list of pair indices per row (for tests and small inputs)."""
+    return pack_rows(
+        src_lengths, tgt_lengths, order, max_len, packing=packing, window=window
+    ).to_lists()
 
 
 def make_batch(
-    rows: Sequence[Sequence[int]],
-    src: Sequence[np.ndarray],
-    tgt: Sequence[np.ndarray],
+    rows: Rows | Sequence[Sequence[int]],
+    src: TokenIds | Sequence[np.ndarray],
+    tgt: TokenIds | Sequence[np.ndarray],
     num_rows: int,
     max_len: int,
 ) -> Batch:
     """Lay out packed rows as int32 arrays ``[num_rows, max_len]`` (missing rows are padding).
 
+    ``rows``: ``Rows`` or one list of pair indices per row; ``src`` / ``tgt``: the pairs' ids
+    (``TokenIds``, or one int array per pair). Vectorised over the batch's tokens.
+
     Returns a dict with ``src``, ``src_segments``, ``src_positions``, ``tgt``, ``tgt_segments``,
     ``tgt_positions``; segment ids count from 1 within each row, 0 = padding.
     """
+    if not isinstance(rows, Rows):
+        rows = Rows.from_lists(rows)
     out = {k: np.zeros((num_rows, max_len), np.int32) for k in FIELDS}
-    for r, members in enumerate(rows):
-        for side, seqs in (("src", src), ("tgt", tgt)):
-            pos = 0
-            for seg, i in enumerate(members, start=1):
-                ids = seqs[i]
-                n = len(ids)
-                out[side][r, pos : pos + n] = ids
-                out[f"{side}_segments"][r, pos : pos + n] = seg
-                out[f"{side}_positions"][r, pos : pos + n] = np.arange(n)
-                pos += n
+    members, offsets = rows.members, rows.offsets
+    if len(members) == 0:
+        return out
+    sizes = np.diff(offsets)
+    row_of = np.repeat(np.arange(len(sizes)), sizes)  # [pairs] the row of each member
+    segment = np.arange(len(members)) - np.repeat(offsets[:-1], sizes) + 1
+    for side, seqs in (("src", src), ("tgt", tgt)):
+        if isinstance(seqs, TokenIds):
+            ids, which = seqs, members
+        else:  # a list: only the members' sequences are flattened
+            ids, which = TokenIds.from_list([seqs[i] for i in members]), np.arange(len(members))
+        lengths = ids.lengths[which]
+        begin = np.cumsum(lengths) - lengths  # each member's start in the concatenation
+        column0 = begin - begin[offsets[:-1]][row_of]  # its first column in its row
+        token_row = np.repeat(row_of, lengths)
+        position = np.arange(int(lengths.sum())) - np.repeat(begin, lengths)
+        column = np.repeat(column0, lengths) + position
+        out[side][token_row, column] = ids.gather(which)
+        out[f"{side}_segments"][token_row, column] = np.repeat(segment, lengths)
+        out[f"{side}_positions"][token_row, column] = position
     return out
 
 
@@ -113,12 +198,16 @@ class PackedBatches:
     """Deterministic, endlessly repeating packed training batches.
 
     Args:
-      src, tgt: token ids per pair (int32 arrays ending in EOS, each ≤ ``max_len``).
+      src, tgt: token ids per pair (``TokenIds``, or one int32 array per pair; each ending
+        in EOS and ≤ ``max_len``).
       max_len: row length in tokens.
       rows: rows per batch (``max_tokens // max_len``).
       seed: shuffling seed; epoch ``e`` uses ``default_rng((seed, e))``.
       packing: pack several pairs per row.
       shuffle: shuffle each epoch (False: corpus order, for evaluation).
+      sizes_file: a JSON file that keeps the batch count of every epoch packed so far (for
+        these pairs and settings: the caller names it by them), so that locating a step in
+        a late epoch does not pack every earlier epoch again; None: not kept.
 
     Raises:
       ValueError: no pairs, or a pair longer than ``max_len``.
@@ -126,28 +215,51 @@ class PackedBatches:
 
     def __init__(
         self,
-        src: Sequence[np.ndarray],
-        tgt: Sequence[np.ndarray],
+        src: TokenIds | Sequence[np.ndarray],
+        tgt: TokenIds | Sequence[np.ndarray],
         *,
         max_len: int,
         rows: int,
         seed: int = 0,
         packing: bool = True,
         shuffle: bool = True,
+        sizes_file: str | Path | None = None,
     ):
         if len(src) == 0 or len(src) != len(tgt):
             raise ValueError(
                 f"need equally many (>0) sources and targets, got {len(src)}, {len(tgt)}"
             )
-        self.src, self.tgt = src, tgt
-        self.src_lengths = np.array([len(x) for x in src])
-        self.tgt_lengths = np.array([len(x) for x in tgt])
+        self.src, self.tgt = TokenIds.from_list(src), TokenIds.from_list(tgt)
+        self.src_lengths, self.tgt_lengths = self.src.lengths, self.tgt.lengths
         self.max_len, self.rows, self.seed = max_len, rows, seed
         self.packing, self.shuffle = packing, shuffle
-        self._epoch_rows: dict[int, list[list[int]]] = {}
-        self._epoch_sizes: list[int] = []
+        self._epoch_rows: dict[int, Rows] = {}
+        self._sizes_file = Path(sizes_file) if sizes_file is not None else None
+        self._epoch_sizes: list[int] = self._read_sizes()
 
-    def epoch_rows(self, epoch: int) -> list[list[int]]:
+    def _read_sizes(self) -> list[int]:
+        if self._sizes_file is None or not self._sizes_file.is_file():
+            return []
+        try:
+            sizes = json.loads(self._sizes_file.read_text())
+        except (OSError, ValueError):
+            return []
+        ok = isinstance(sizes, list) and all(isinstance(n, int) and n > 0 for n in sizes)
+        return sizes if ok else []
+
+    def _write_sizes(self) -> None:
+        if self._sizes_file is None:
+            return
+        path = self._sizes_file
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # processes may share it
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(self._epoch_sizes))
+            tmp.replace(path)
+        except OSError:
+            pass  # only a speed-up: recomputed next time
+
+    def epoch_packing(self, epoch: int) -> Rows:
         """Packed rows of one epoch (the two most recently packed epochs are memoised)."""
         if epoch not in self._epoch_rows:
             n = len(self.src)
@@ -156,18 +268,24 @@ class PackedBatches:
                 if self.shuffle
                 else np.arange(n)
             )
-            self._epoch_rows[epoch] = pack(
+            self._epoch_rows[epoch] = pack_rows(
                 self.src_lengths, self.tgt_lengths, order, self.max_len, packing=self.packing
             )
             while len(self._epoch_rows) > 2:  # dicts keep insertion order: drop the oldest
                 del self._epoch_rows[next(iter(self._epoch_rows))]
         return self._epoch_rows[epoch]
 
+    def epoch_rows(self, epoch: int) -> list[list[int]]:
+        """Packed rows of one epoch as lists of pair indices (for tests and tools)."""
+        return self.epoch_packing(epoch).to_lists()
+
     def batches_in_epoch(self, epoch: int) -> int:
         """Number of batches in ``epoch`` (the last one may be partly padding rows)."""
-        while len(self._epoch_sizes) <= epoch:
-            rows = self.epoch_rows(len(self._epoch_sizes))
-            self._epoch_sizes.append(-(-len(rows) // self.rows))
+        if len(self._epoch_sizes) <= epoch:
+            while len(self._epoch_sizes) <= epoch:
+                rows = self.epoch_packing(len(self._epoch_sizes))
+                self._epoch_sizes.append(-(-len(rows) // self.rows))
+            self._write_sizes()
         return self._epoch_sizes[epoch]
 
     def locate(self, step: int) -> tuple[int, int]:
@@ -209,8 +327,15 @@ class PackedBatches:
         share = self.rows // process_count
         epoch, index = self.locate(step)
         first = index * self.rows + process_index * share
-        rows = self.epoch_rows(epoch)[first : first + share]
+        rows = self.epoch_packing(epoch)[first : first + share]
         return make_batch(rows, self.src, self.tgt, share, self.max_len)
+
+    def tokens_at(self, step: int) -> np.ndarray:
+        """int64 ``[2]``: the real (source, target) tokens of the global batch at ``step``,
+        from the packed lengths (nothing laid out)."""
+        epoch, index = self.locate(step)
+        members = self.epoch_packing(epoch)[index * self.rows : (index + 1) * self.rows].members
+        return np.array([self.src_lengths[members].sum(), self.tgt_lengths[members].sum()])
 
     def real_token_share(self, epoch: int = 0) -> float:
         """Share of real (non-padding) tokens over all batches of ``epoch``, both sides, in [0, 1].
@@ -224,7 +349,7 @@ class PackedBatches:
     def epoch(self, epoch: int = 0) -> Iterator[Batch]:
         """All batches of one epoch, in order (used for evaluation)."""
         for index in range(self.batches_in_epoch(epoch)):
-            rows = self.epoch_rows(epoch)[index * self.rows : (index + 1) * self.rows]
+            rows = self.epoch_packing(epoch)[index * self.rows : (index + 1) * self.rows]
             yield make_batch(rows, self.src, self.tgt, self.rows, self.max_len)
 
 
@@ -301,6 +426,11 @@ class MixedBatches:
         """The batch used at ``step``, as ``PackedBatches.batch_at`` (same shape and split)."""
         corpus, index = self.corpus_at(step)
         return self.corpora[corpus].batch_at(index, process_index, process_count)
+
+    def tokens_at(self, step: int) -> np.ndarray:
+        """The real (source, target) tokens of batch ``step``, see ``PackedBatches``."""
+        corpus, index = self.corpus_at(step)
+        return self.corpora[corpus].tokens_at(index)
 
     def locate(self, step: int) -> tuple[int, int]:
         """(epoch, batch within the epoch) of the corpus that batch ``step`` comes from."""

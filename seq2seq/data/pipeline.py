@@ -1,17 +1,25 @@
 """From config to batches: read the splits, train/load the tokenizers, tokenize, filter, pack.
 
-Token ids are cached in ``{workdir}/tokens/`` (see ``seq2seq.data.token_cache``), so a resumed
-or second run reads them back instead of tokenizing again. Training pairs may be dropped by
+Token ids are written once to the token store in ``{workdir}/tokens/`` (flat arrays plus
+offsets, memory-mapped; see ``seq2seq.data.token_cache``), so a resumed or second run maps them
+instead of tokenizing again, and every process of a host shares them through the page cache.
+The training text is streamed in blocks and not kept; a resume whose training files are
+unchanged (size and mtime, see ``file_fingerprint``) does not read it at all: the tokenizer,
+the ids, the pair counts, the skipped pairs and the hashes of the training sources (for the
+dev/test overlap counts) all come from what the first run stored. Training pairs may be dropped by
 the length and ratio filters; dev and test pairs never are: over-long dev pairs and test
 sources are truncated, and every drop and truncation is counted in ``PreparedData.stats``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,8 +29,22 @@ from datasets import Dataset, concatenate_datasets
 from seq2seq.config import SPLITS, Config, ConfigError, replace
 from seq2seq.data.batching import MixedBatches, PackedBatches
 from seq2seq.data.documents import concat_pairs
-from seq2seq.data.sources import load_parallel, overlap_report
-from seq2seq.data.token_cache import encode_cached
+from seq2seq.data.sources import (
+    input_files,
+    load_parallel,
+    overlap_count,
+    source_hashes,
+)
+from seq2seq.data.token_cache import (
+    BLOCK,
+    TokenIds,
+    content_key,
+    encode_blocks,
+    encode_cached,
+    file_fingerprint,
+    read_store,
+    write_store,
+)
 from seq2seq.data.tokenizer import (
     Tokenizer,
     TokenizerPair,
@@ -247,6 +269,33 @@ def _text(ds) -> Corpus:
     return Corpus(list(ds["source"]), list(ds["target"]))
 
 
+class _Column(Sequence):
+    """One side of a training corpus, read from its dataset a block at a time (the text is
+    never all in memory); ``prefix`` (a tag and a space) goes before every sentence.
+
+    ``dataset`` is called on first use, so a resume that finds the tokenizer and the token
+    store up to date never reads the text."""
+
+    def __init__(self, dataset: Callable[[], Dataset], column: str, prefix: str = ""):
+        self.dataset, self.column, self.prefix = dataset, column, prefix
+
+    def __len__(self) -> int:
+        return len(self.dataset())
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            first, stop, step = i.indices(len(self))
+            if step != 1:
+                return [self[j] for j in range(first, stop, step)]
+            texts = self.dataset()[first:stop][self.column]
+            return [self.prefix + t for t in texts] if self.prefix else texts
+        return self.prefix + self.dataset()[int(i)][self.column]
+
+    def __iter__(self) -> Iterator[str]:
+        for first in range(0, len(self), BLOCK):
+            yield from self[first : first + BLOCK]
+
+
 def _truncate(
     ids: list[np.ndarray], max_len: int, eos_id: int
 ) -> tuple[list[np.ndarray], np.ndarray]:
@@ -276,19 +325,167 @@ class _Encoder:
         ):
             stats[key] = 0
 
-    def __call__(self, tokenizer: Tokenizer, texts: Sequence[str], name: str) -> list[np.ndarray]:
+    def __call__(self, tokenizer: Tokenizer, texts: Sequence[str], name: str) -> TokenIds:
         ids, hit, seconds = encode_cached(tokenizer, texts, self.cache_dir, name)
+        self.count(hit, len(texts), seconds)
+        return ids
+
+    def count(self, hit: bool, sentences: int, seconds: float) -> None:
+        """Tally one split side read from the store (``hit``) or tokenized now."""
         if hit:
             self.stats["token_cache_hits"] += 1
             self.stats["token_cache_seconds"] += seconds
         else:
-            self.stats["tokenize_sentences"] += len(texts)
+            self.stats["tokenize_sentences"] += sentences
             self.stats["tokenize_seconds"] += seconds
             if self.stats["tokenize_seconds"] > 0:
                 self.stats["tokenize_sentences_per_second"] = (
                     self.stats["tokenize_sentences"] / self.stats["tokenize_seconds"]
                 )
-        return ids
+
+
+class _Chained(Sequence):
+    """Several sequences of sentences read one after the other (iteration only), no copy."""
+
+    def __init__(self, parts: Sequence[Sequence[str]]):
+        self.parts = parts
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        for part in self.parts:
+            if i < len(part):
+                return part[i]
+            i -= len(part)
+        raise IndexError(i)
+
+    def __iter__(self) -> Iterator[str]:
+        for part in self.parts:
+            yield from part
+
+
+# What makes the token store of a training corpus side, beyond its files' contents: bump when
+# reading or cleaning the text changes (seq2seq.data.sources).
+READER_VERSION = 1
+
+
+class _TrainText:
+    """The training corpora, read only when the tokenizer or the token store needs the text.
+
+    A corpus of plain files (``text``/``tsv``/``csv``/``jsonl``) is identified by
+    ``inputs(i)``: its files' fingerprint (``file_fingerprint``: a ``stat`` per file when
+    they have not changed) and how they are read. The tokenizer and the token store are
+    keyed by it, so a resume with unchanged files never reads the text; changed files give a
+    new fingerprint, a tokenizer check against the text, and a new store.
+    """
+
+    def __init__(self, config: Config, cache: Path):
+        self.config, self.cache = config, cache
+        self.sources = config.data.corpora("train")
+        self._datasets: list[Dataset | None] = [None] * len(self.sources)
+        self._inputs: list[str | None | bool] = [False] * len(self.sources)  # False: not yet
+        self.skipped: list[list[str]] = [[] for _ in self.sources]
+        self.read_seconds = 0.0
+
+    def dataset(self, i: int) -> Dataset:
+        """Corpus ``i`` as ``load_parallel`` reads it (read on first use)."""
+        ds = self._datasets[i]
+        if ds is None:
+            start, places = time.perf_counter(), list[str]()
+            source, data = self.sources[i], self.config.data
+            ds = load_parallel(
+                source,
+                *data.direction(source),
+                skip_empty=data.skip_empty,
+                split_name="train",
+                skipped=places,
+            )
+            self._datasets[i] = ds
+            self.skipped[i] = [f"train\t{place}" for place in places]
+            self.read_seconds += time.perf_counter() - start
+        return ds
+
+    def column(self, i: int, side: str) -> _Column:
+        tag = self.sources[i].tag if side == "source" else None
+        return _Column(lambda: self.dataset(i), side, f"{tag} " if tag else "")
+
+    def columns(self, side: str) -> list[_Column]:
+        return [self.column(i, side) for i in range(len(self.sources))]
+
+    def inputs(self, i: int) -> str | None:
+        """Fingerprint of corpus ``i``'s files and how they are read; None: not plain files."""
+        known = self._inputs[i]
+        if known is False:
+            source, data = self.sources[i], self.config.data
+            files = input_files(source, *data.direction(source))
+            known = None
+            if files is not None:
+                how = {k: v for k, v in vars(source).items() if k != "weight"}
+                how.update(skip_empty=data.skip_empty, reader=READER_VERSION)
+                how["direction"] = list(data.direction(source))
+                digest = file_fingerprint(files, self.cache / "files.json")
+                text = f"{json.dumps(how, sort_keys=True)}|{digest}"
+                known = hashlib.sha256(text.encode()).hexdigest()
+            self._inputs[i] = known
+        return known  # type: ignore[return-value]
+
+    def inputs_all(self) -> str | None:
+        every = [self.inputs(i) for i in range(len(self.sources))]
+        return None if None in every else hashlib.sha256("|".join(every).encode()).hexdigest()  # type: ignore[arg-type]
+
+    def encode(
+        self, encode: _Encoder, tokenizer: Tokenizer, i: int, side: str, name: str
+    ) -> tuple[TokenIds, dict]:
+        """Corpus ``i``'s ``side`` as token ids, from the store when it is up to date; the
+        store's ``meta`` holds ``key``, and on the source side ``pairs_read`` and
+        ``skipped`` (so a resume needs no text for them either)."""
+        start = time.perf_counter()
+        inputs = self.inputs(i)
+        text = self.column(i, side)
+        key = content_key(
+            None if inputs else text, tokenizer, inputs=f"{inputs}|{side}" if inputs else None
+        )
+        stored = read_store(self.cache, f"{name}.{side}", key)
+        if stored is not None:
+            encode.count(True, len(stored[0]), time.perf_counter() - start)
+            self.skipped[i] = list(stored[1].get("skipped", []))
+            return stored[0], {**stored[1], "key": key}
+        start = time.perf_counter()
+        meta = {"pairs_read": len(text), "skipped": self.skipped[i]} if side == "source" else {}
+        ids = write_store(
+            self.cache,
+            f"{name}.{side}",
+            key,
+            encode_blocks(tokenizer, text),
+            tokenizer.vocab_size,
+            meta,
+        )
+        if side == "source":
+            self._write_hashes(i, f"{name}.{side}", key)
+        encode.count(False, len(ids), time.perf_counter() - start)
+        return ids, {**meta, "key": key}
+
+    def _write_hashes(self, i: int, name: str, key: str) -> np.ndarray:
+        untagged = _Column(lambda: self.dataset(i), "source")
+        hashes = np.unique(
+            np.concatenate(
+                [source_hashes(untagged[a : a + BLOCK]) for a in range(0, len(untagged), BLOCK)]
+            )
+        )
+        path = self.cache / f"{name}.{key[:32]}.hashes"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        hashes.tofile(tmp)
+        tmp.replace(path)
+        return hashes
+
+    def hashes(self, i: int, meta: dict) -> np.ndarray:
+        """Sorted unique ``source_hashes`` of corpus ``i``'s sources (untagged, as read)."""
+        name = f"train{i}.source" if len(self.sources) > 1 else "train.source"
+        path = self.cache / f"{name}.{meta['key'][:32]}.hashes"
+        if path.is_file() and path.stat().st_size % 8 == 0:
+            return np.fromfile(path, np.uint64)
+        return self._write_hashes(i, name, meta["key"])
 
 
 def prepare(
@@ -337,14 +534,16 @@ def prepare(
     check_vocabularies(config)
     start = time.perf_counter()
     skipped: list[str] = []
-    train_ds, dev_ds = _read(config, "train", skipped), _read(config, "dev", skipped)
+    cache = Path(workdir) / "tokens"
+    dev_ds = _read(config, "dev", skipped)
     test_ds = _read(config, "test", skipped) if need_test else []
-    train_parts, dev_parts = _tagged(config, "train", train_ds), _tagged(config, "dev", dev_ds)
+    dev_parts = _tagged(config, "dev", dev_ds)
     test_parts = _tagged(config, "test", test_ds) if need_test else []
-    train, dev, test = _joined(train_parts), _joined(dev_parts), _joined(test_parts)
-    several = len(train_parts) > 1
+    dev, test = _joined(dev_parts), _joined(test_parts)
+    train = _TrainText(config, cache)
+    several = len(train.sources) > 1
     stats: dict[str, float] = {
-        "train_pairs_read": len(train.sources),
+        "train_pairs_read": 0,
         "dev_pairs": len(dev.sources),
         "test_pairs": len(test.sources),
         "read_seconds": time.perf_counter() - start,
@@ -358,27 +557,30 @@ def prepare(
         if tags:
             options = replace(options, user_defined_symbols=[*options.user_defined_symbols, *tags])
         tokenizer = train_or_load_pair(
-            train.sources,
-            train.targets,
+            _Chained(train.columns("source")),
+            _Chained(train.columns("target")),
             options,
             workdir,
             src_lang=d.src_lang,
             tgt_lang=d.tgt_lang,
+            inputs=train.inputs_all(),
         )
     _check_tags(config, tokenizer)
-    stats["tokenizer_seconds"] = time.perf_counter() - start
-    encode = _Encoder(Path(workdir) / "tokens", stats)
+    stats["tokenizer_seconds"] = time.perf_counter() - start - train.read_seconds
+    encode = _Encoder(cache, stats)
 
     rows = max(1, d.max_tokens // d.max_len)
-    kept_src: list[np.ndarray] = []
-    kept_tgt: list[np.ndarray] = []
+    kept_src: list[TokenIds] = []
+    kept_tgt: list[TokenIds] = []
     packed = []
-    for i, part in enumerate(train_parts):
+    train_hashes = []
+    for i in range(len(train.sources)):
         name = f"train{i}" if several else "train"
-        src = encode(tokenizer.source, part.sources, f"{name}.source")
-        tgt = encode(tokenizer.target, part.targets, f"{name}.target")
-        src_len = np.array([len(x) for x in src])
-        tgt_len = np.array([len(x) for x in tgt])
+        src, src_meta = train.encode(encode, tokenizer.source, i, "source", name)
+        tgt, _ = train.encode(encode, tokenizer.target, i, "target", name)
+        stats["train_pairs_read"] += src_meta["pairs_read"]
+        train_hashes.append(train.hashes(i, src_meta))
+        src_len, tgt_len = src.lengths, tgt.lengths
         ratio = np.maximum(src_len, tgt_len) / np.maximum(np.minimum(src_len, tgt_len), 1)
         keep = np.flatnonzero(
             (src_len <= d.max_len) & (tgt_len <= d.max_len) & (ratio <= d.max_length_ratio)
@@ -398,17 +600,33 @@ def prepare(
                 f"no training pair{which} is within max_len={d.max_len} tokens and ratio "
                 f"{d.max_length_ratio}; raise data.max_len"
             )
-        src, tgt = [src[k] for k in keep], [tgt[k] for k in keep]
+        src, tgt = src.select(keep), tgt.select(keep)
         if d.concat_pairs_to_tokens > 0:  # pseudo-documents (long inputs)
-            src, tgt = concat_pairs(src, tgt, d.concat_pairs_to_tokens, tokenizer.eos_id)
+            docs = concat_pairs(
+                src.to_list(), tgt.to_list(), d.concat_pairs_to_tokens, tokenizer.eos_id
+            )
+            src, tgt = TokenIds.from_list(docs[0]), TokenIds.from_list(docs[1])
             stats["train_documents"] = stats.get("train_documents", 0) + len(src)
-        kept_src += src
-        kept_tgt += tgt
+        kept_src.append(src)
+        kept_tgt.append(tgt)
+        batching = json.dumps(
+            [src_meta["key"], d.max_len, d.max_length_ratio, d.concat_pairs_to_tokens, rows]
+            + [config.train.seed, d.packing]
+        )
+        sizes = f"{name}.epochs.{hashlib.sha256(batching.encode()).hexdigest()[:16]}.json"
         packed.append(
             PackedBatches(
-                src, tgt, max_len=d.max_len, rows=rows, seed=config.train.seed, packing=d.packing
+                src,
+                tgt,
+                max_len=d.max_len,
+                rows=rows,
+                seed=config.train.seed,
+                packing=d.packing,
+                sizes_file=cache / sizes,
             )
         )
+    skipped[:0] = [place for places in train.skipped for place in places]  # train first
+    stats["read_seconds"] += train.read_seconds
     train_batches: PackedBatches | MixedBatches = packed[0]
     if several:
         train_batches = MixedBatches(
@@ -417,10 +635,10 @@ def prepare(
     stats["train_real_token_share"] = train_batches.real_token_share(0)
 
     dev_src, cut_src = _truncate(
-        encode(tokenizer.source, dev.sources, "dev.source"), d.max_len, tokenizer.eos_id
+        encode(tokenizer.source, dev.sources, "dev.source").to_list(), d.max_len, tokenizer.eos_id
     )
     dev_tgt, cut_tgt = _truncate(
-        encode(tokenizer.target, dev.targets, "dev.target"), d.max_len, tokenizer.eos_id
+        encode(tokenizer.target, dev.targets, "dev.target").to_list(), d.max_len, tokenizer.eos_id
     )
     stats["dev_pairs_truncated"] = int(np.sum(cut_src | cut_tgt))
     dev_batches = PackedBatches(
@@ -429,22 +647,24 @@ def prepare(
     unknown = {
         "train.source": (kept_src, tokenizer.source),
         "train.target": (kept_tgt, tokenizer.target),
-        "dev.source": (dev_src, tokenizer.source),
-        "dev.target": (dev_tgt, tokenizer.target),
+        "dev.source": ([TokenIds.from_list(dev_src)], tokenizer.source),
+        "dev.target": ([TokenIds.from_list(dev_tgt)], tokenizer.target),
     }
     if need_test:
         test_src = encode(tokenizer.source, test.sources, "test.source")
         limit = decode_source_limit(config)
-        stats["test_sources_truncated"] = int(sum(len(x) > limit for x in test_src))
+        stats["test_sources_truncated"] = int(np.sum(test_src.lengths > limit))
         test_tgt = encode(tokenizer.target, test.targets, "test.target")
         unknown.update(
             {
-                "test.source": (test_src, tokenizer.source),
-                "test.target": (test_tgt, tokenizer.target),
+                "test.source": ([test_src], tokenizer.source),
+                "test.target": ([test_tgt], tokenizer.target),
             }
         )
     for name, (ids, tok) in unknown.items():
-        stats[f"{name.replace('.', '_')}_unknown_rate"] = unknown_rate(ids, tok.unk_id)
+        tokens = sum(int(x.lengths.sum()) for x in ids)
+        unk = sum(x.count(tok.unk_id) for x in ids)
+        stats[f"{name.replace('.', '_')}_unknown_rate"] = unk / tokens if tokens else 0.0
     log.info(
         "unknown pieces (share of tokens): %s",
         ", ".join(
@@ -452,10 +672,11 @@ def prepare(
         ),
     )
 
-    train_all = concatenate_datasets(train_ds) if several else train_ds[0]
-    stats["dev_sources_in_train"] = overlap_report(train_all, concatenate_datasets(dev_ds))
+    seen = np.unique(np.concatenate(train_hashes))
+    stats["dev_sources_in_train"] = overlap_count(seen, concatenate_datasets(dev_ds))
     if need_test:
-        stats["test_sources_in_train"] = overlap_report(train_all, concatenate_datasets(test_ds))
+        stats["test_sources_in_train"] = overlap_count(seen, concatenate_datasets(test_ds))
+    del seen
     if stats["dev_pairs_truncated"]:
         log.warning(
             "dev: %d pairs longer than data.max_len=%d tokens truncated (none dropped)",

@@ -79,6 +79,9 @@ def left_to_recipe(config: Config) -> bool:
     )
 
 
+COUNT_BLOCK = 65_536  # target sentences held at a time while counting words
+
+
 def count_corpus(config: Config) -> CorpusSize:
     """Training pairs and their target-side words over every corpus of ``data.train`` (empty
     pairs skipped if configured).
@@ -94,7 +97,10 @@ def count_corpus(config: Config) -> CorpusSize:
             source, src_lang, tgt_lang, skip_empty=d.skip_empty, split_name="train"
         )
         pairs += len(corpus)
-        words += sum(len(line.split()) for line in corpus["target"])
+        for first in range(0, len(corpus), COUNT_BLOCK):  # a block at a time: bounded memory
+            words += sum(
+                len(line.split()) for line in corpus[first : first + COUNT_BLOCK]["target"]
+            )
     return CorpusSize(pairs, words)
 
 

@@ -25,6 +25,7 @@ import contextlib
 import csv
 import glob
 import gzip
+import hashlib
 import io
 import json
 import logging
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets.config
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import (
@@ -130,6 +132,50 @@ def load_parallel(
     )
     logger.info("%s: %d pairs %s→%s from %s", split_name, len(ds), src_lang, tgt_lang, where)
     return ds
+
+
+def input_files(source: SourceConfig, src_lang: str, tgt_lang: str) -> list[Path] | None:
+    """The files ``load_parallel`` reads for ``source`` (``{path}.{lang}`` or ``.gz`` for
+    ``text``, the one file of ``tsv``/``csv``/``jsonl``), or None when they are not plain files
+    (``hub``/``disk``) or one is missing (reading will then name the problem)."""
+    if source.format == "text":
+        names = [f"{source.path}.{lang}" for lang in (src_lang, tgt_lang)]
+    elif source.format in ("tsv", "csv", "jsonl"):
+        names = [source.path]
+    else:
+        return None
+    files = []
+    for name in names:
+        path, gz = Path(name), Path(name + ".gz")
+        if not (path.is_file() or gz.is_file()):
+            return None
+        files.append(path if path.is_file() else gz)
+    return files
+
+
+def source_hashes(sentences: Sequence[str]) -> np.ndarray:
+    """uint64 ``[n]``: a 64-bit BLAKE2b hash of each sentence (its UTF-8 bytes), to find
+    exact repeats across splits without keeping the text (``overlap_count``)."""
+    return np.fromiter(
+        (
+            int.from_bytes(
+                hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                "little",
+            )
+            for s in sentences
+        ),
+        np.uint64,
+        len(sentences),
+    )
+
+
+def overlap_count(train_hashes: np.ndarray, other: Dataset) -> int:
+    """``overlap_report`` from the training sources' ``source_hashes`` (sorted, unique): how
+    many rows of ``other`` have a source whose hash is among them (a false match needs a
+    64-bit collision)."""
+    if len(train_hashes) == 0 or len(other) == 0:
+        return 0
+    return int(np.isin(source_hashes(list(other["source"])), train_hashes).sum())
 
 
 def overlap_report(train: Dataset, other: Dataset) -> int:

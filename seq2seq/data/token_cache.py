@@ -1,23 +1,38 @@
-"""Tokenized ids cached in the run directory, so a resumed or second run does not re-tokenize.
+"""The token store: each split side's ids written once as flat arrays, memory-mapped on reading.
 
-One file per split and side, ``{cache_dir}/{name}.{key}.npz`` (e.g.
-``tokens/train.source.3f2a….npz``), holding two plain arrays and no pickled objects: ``ids``
-(int32, every sentence's ids concatenated) and ``offsets`` (int64 ``[n + 1]``; sentence ``i``
-is ``ids[offsets[i]:offsets[i + 1]]``). ``key`` is a SHA-256 of the sentences and of the
-tokenizer model's bytes, so changed text or a retrained model is tokenized again; an older
-file of the same name is then removed. A cache file that cannot be read is tokenized again
-(with a warning), never trusted.
+One store per split and side in the cache directory (``{workdir}/tokens/``), three files
+named ``{name}.{key}.*`` (e.g. ``train.source.3f2a….ids``):
+
+* ``.ids``: every sentence's ids concatenated, raw ``uint16`` when the vocabulary has at most
+  65,536 pieces, else ``int32`` (native byte order);
+* ``.offsets``: raw int64 ``[n + 1]``; sentence ``i`` is ``ids[offsets[i]:offsets[i + 1]]``;
+* ``.json``: format version, dtype, counts and whatever the caller stores with it (``meta``);
+  written last, so a store without it is incomplete and never read.
+
+Readers map ``.ids`` and ``.offsets`` with ``np.memmap``: every process of a host shares the
+same pages through the page cache, and nothing per sentence is ever a Python object
+(``TokenIds`` indexes the flat arrays). ``key`` is a SHA-256 of the sentences (or of a
+fingerprint of the files they come from, see ``file_fingerprint``) and of the tokenizer
+model's bytes, so changed text or a retrained model is tokenized again; older stores of the
+same name are then removed. A store that cannot be read is tokenized again (with a warning),
+never trusted.
+
+Tokenizing streams the text in blocks of ``BLOCK`` sentences, each encoded by SentencePiece
+on all cores (``num_threads=-1``: its wrapper runs ``0`` as one thread), and appends the
+block's ids to the file, so neither the text nor the ids are ever all in memory.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
+import json
 import logging
 import os
 import time
-import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,21 +40,92 @@ from seq2seq.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1  # bump when the file layout or what the ids mean changes
+FORMAT_VERSION = 2  # bump when the file layout or what the ids mean changes
+BLOCK = 65_536  # sentences tokenized (and hashed) at a time
+UINT16_VOCAB = 1 << 16  # the largest vocabulary stored as uint16
 
 
-def content_key(texts: Sequence[str], tokenizer: Tokenizer, *, add_eos: bool = True) -> str:
-    """SHA-256 (hex) identifying the ids of ``texts`` under ``tokenizer``.
+class TokenIds(Sequence):
+    """Ragged token ids: ``n`` sentences over one flat array, optionally a selection of them.
 
-    Covers the format version, ``add_eos``, the model file's bytes and the exact list of
-    sentences (their lengths and their concatenation, so ``["a b"]`` and ``["a", "b"]`` differ).
+    Args:
+      flat: ids of all sentences concatenated (uint16 or int32 ``[total]``, may be a memmap).
+      offsets: int64 ``[N + 1]``: sentence ``j`` of the flat array is
+        ``flat[offsets[j]:offsets[j + 1]]``.
+      index: int64 ``[n]``, the flat array's sentences this object holds, in order (None: all
+        ``N``). Selecting (``select``) composes indices and copies no ids.
+
+    ``ids[i]`` is an int32 array (a copy of sentence ``index[i]``); ``lengths`` is int32
+    ``[n]``. Nothing per sentence is kept as a Python object, and beyond the flat arrays only
+    ``index`` and ``lengths`` (12 bytes per selected sentence).
     """
-    h = hashlib.sha256()
-    h.update(f"seq2seq-token-cache v{FORMAT_VERSION} add_eos={add_eos} n={len(texts)}\n".encode())
-    h.update(tokenizer.sha256.encode())
-    h.update(np.fromiter(map(len, texts), np.int64, len(texts)).tobytes())
-    h.update("".join(texts).encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
+
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray, index: np.ndarray | None = None):
+        self.flat, self.offsets, self.selection = flat, offsets, index
+        starts, ends = offsets[:-1], offsets[1:]
+        if index is not None:
+            starts, ends = starts[index], ends[index]
+        self.lengths = (np.asarray(ends) - np.asarray(starts)).astype(np.int32)
+
+    def starts(self, which: np.ndarray) -> np.ndarray:
+        """int64: where sentences ``which`` (indices into this object) start in ``flat``."""
+        base = which if self.selection is None else self.selection[which]
+        return np.asarray(self.offsets[base], np.int64)
+
+    @classmethod
+    def from_list(cls, ids: Sequence[np.ndarray]) -> TokenIds:
+        """Ragged ids from one int array per sentence (copied into one flat int32 array)."""
+        if isinstance(ids, TokenIds):
+            return ids
+        flat, offsets = to_flat(ids)
+        return cls(flat, offsets)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return self.select(np.arange(len(self))[i])
+        i = int(i)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"sentence {i} of {len(self)}")
+        start = int(self.starts(np.array([i]))[0])
+        return np.asarray(self.flat[start : start + int(self.lengths[i])], np.int32)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def select(self, which: np.ndarray) -> TokenIds:
+        """The sentences ``which`` (int indices into this object), without copying ids."""
+        which = np.asarray(which, np.int64)
+        index = which if self.selection is None else self.selection[which]
+        return TokenIds(self.flat, self.offsets, index)
+
+    def gather(self, which: np.ndarray) -> np.ndarray:
+        """int32 ``[lengths[which].sum()]``: the ids of sentences ``which``, concatenated."""
+        which = np.asarray(which, np.int64)
+        lengths = self.lengths[which].astype(np.int64)
+        total = int(lengths.sum())
+        if total == 0:
+            return np.zeros(0, np.int32)
+        ends = np.cumsum(lengths)
+        shift = np.repeat(self.starts(which) - (ends - lengths), lengths)
+        return np.asarray(self.flat[np.arange(total, dtype=np.int64) + shift], np.int32)
+
+    def count(self, value: int) -> int:
+        """How many ids over all held sentences equal ``value`` (read in blocks)."""
+        total = 0
+        for first in range(0, len(self), BLOCK):
+            which = np.arange(first, min(first + BLOCK, len(self)))
+            total += int(np.count_nonzero(self.gather(which) == value))
+        return total
+
+    def to_list(self) -> list[np.ndarray]:
+        """One int32 array per sentence (for small splits and code that needs a list)."""
+        return list(self)
 
 
 def to_flat(ids: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -51,62 +137,210 @@ def to_flat(ids: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def from_flat(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
-    """Inverse of ``to_flat``: one int32 array (a view of ``flat``) per sentence."""
-    if len(offsets) <= 1:
-        return []
-    return np.split(flat, offsets[1:-1])
+    """Inverse of ``to_flat``: one int32 array per sentence."""
+    return TokenIds(flat, offsets).to_list()
 
 
-def _read(path: Path, n: int) -> list[np.ndarray] | None:
-    """The ids stored in ``path`` if it is a complete, consistent cache file for n sentences."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            flat, offsets = f["ids"], f["offsets"]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
-        log.warning("unreadable token cache %s (%s): tokenizing again", path, e)
-        return None
-    ok = (
-        flat.dtype == np.int32
-        and flat.ndim == 1
-        and offsets.dtype == np.int64
-        and offsets.shape == (n + 1,)
-        and offsets[0] == 0
-        and offsets[-1] == len(flat)
-        and bool(np.all(np.diff(offsets) >= 0))
-    )
-    if not ok:
-        log.warning("inconsistent token cache %s: tokenizing again", path)
-        return None
-    return from_flat(flat, offsets)
+def _blocks(texts: Sequence[str]) -> Iterator[list[str]]:
+    """``texts`` in lists of at most ``BLOCK`` sentences (slices: a column is read in blocks)."""
+    for first in range(0, len(texts), BLOCK):
+        yield list(texts[first : first + BLOCK])
 
 
-def _write(path: Path, name: str, ids: Sequence[np.ndarray]) -> None:
-    flat, offsets = to_flat(ids)
+def text_digest(texts: Sequence[str]) -> str:
+    """SHA-256 (hex) of a list of sentences: their lengths and their concatenation (so
+    ``["a b"]`` and ``["a", "b"]`` differ), read in blocks."""
+    h = hashlib.sha256(f"n={len(texts)}\n".encode())
+    for block in _blocks(texts):
+        h.update(np.fromiter(map(len, block), np.int64, len(block)).tobytes())
+        h.update("".join(block).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def content_key(
+    texts: Sequence[str] | None,
+    tokenizer: Tokenizer,
+    *,
+    add_eos: bool = True,
+    inputs: str | None = None,
+) -> str:
+    """SHA-256 (hex) identifying the ids of ``texts`` under ``tokenizer``.
+
+    Covers the format version, ``add_eos``, the model file's bytes and either the exact list
+    of sentences (``text_digest``) or, when given, ``inputs``: a fingerprint of what the
+    sentences are read from (``file_fingerprint`` plus how they are read), which a resume
+    computes without reading the text.
+    """
+    h = hashlib.sha256()
+    h.update(f"seq2seq-token-cache v{FORMAT_VERSION} add_eos={add_eos}\n".encode())
+    h.update(tokenizer.sha256.encode())
+    if inputs is not None:
+        h.update(f"inputs {inputs}".encode())
+    else:
+        assert texts is not None
+        h.update(text_digest(texts).encode())
+    return h.hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_fingerprint(paths: Sequence[str | Path], registry: str | Path | None) -> str:
+    """SHA-256 (hex) of the contents of ``paths``, reading a file only when it changed.
+
+    ``registry`` (a JSON file, e.g. ``tokens/files.json``) remembers each file's size,
+    modification time (ns) and content hash: a file whose size and mtime match its entry is
+    not read again; any other is hashed (streamed) and its entry updated. So a resume costs one
+    ``stat`` per file, and a file rewritten with other content is still detected.
+
+    Raises:
+      OSError: a file cannot be read.
+    """
+    known: dict[str, Any] = {}
+    if registry is not None and Path(registry).is_file():
+        try:
+            known = json.loads(Path(registry).read_text())
+        except (OSError, ValueError):
+            known = {}
+    changed = False
+    h = hashlib.sha256()
+    for p in paths:
+        path = Path(p).resolve()
+        st = path.stat()
+        entry = known.get(str(path))
+        if entry and entry[:2] == [st.st_size, st.st_mtime_ns]:
+            digest = entry[2]
+        else:
+            digest = _file_sha256(path)
+            known[str(path)] = [st.st_size, st.st_mtime_ns, digest]
+            changed = True
+        h.update(f"{digest}\n".encode())
+    if changed and registry is not None:
+        _write_bytes(Path(registry), json.dumps(known, indent=1).encode())
+    return h.hexdigest()
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # processes may share the dir
-    with open(tmp, "wb") as f:
-        np.savez(f, ids=flat, offsets=offsets)
+    tmp.write_bytes(data)
     tmp.replace(path)
-    for old in path.parent.glob(f"{name}.*.npz"):
-        if old != path:
-            old.unlink(missing_ok=True)
+
+
+def _paths(cache_dir: Path, stem: str) -> tuple[Path, Path, Path]:
+    return (cache_dir / f"{stem}.ids", cache_dir / f"{stem}.offsets", cache_dir / f"{stem}.json")
+
+
+def read_store(cache_dir: str | Path, name: str, key: str) -> tuple[TokenIds, dict] | None:
+    """The ids and ``meta`` of store ``{name}.{key}`` if it is complete and consistent, else
+    None (with a warning when files exist but cannot be trusted)."""
+    ids_path, off_path, meta_path = _paths(Path(cache_dir), f"{name}.{key[:32]}")
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        dtype = np.dtype(meta["dtype"])
+        n, total = int(meta["sentences"]), int(meta["tokens"])
+        ok = (
+            meta.get("version") == FORMAT_VERSION
+            and dtype in (np.uint16, np.int32)
+            and ids_path.stat().st_size == total * dtype.itemsize
+            and off_path.stat().st_size == (n + 1) * 8
+        )
+        if ok:
+            offsets = np.memmap(off_path, np.int64, mode="r", shape=(n + 1,))
+            flat = (
+                np.memmap(ids_path, dtype, mode="r", shape=(total,))
+                if total
+                else np.zeros(0, dtype)
+            )
+            ok = offsets[0] == 0 and offsets[-1] == total and bool(np.all(np.diff(offsets) >= 0))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("unreadable token store %s (%s): tokenizing again", meta_path, e)
+        return None
+    if not ok:
+        log.warning("inconsistent token store %s: tokenizing again", meta_path)
+        return None
+    return TokenIds(flat, offsets), dict(meta.get("meta", {}))
+
+
+def write_store(
+    cache_dir: str | Path,
+    name: str,
+    key: str,
+    blocks: Iterator[list[list[int]]],
+    vocab_size: int,
+    meta: dict | None = None,
+) -> TokenIds:
+    """Write the ids of ``blocks`` (each a list of id lists) as store ``{name}.{key}``, remove
+    older stores of ``name``, and return the store mapped back."""
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    dtype = np.dtype(np.uint16 if vocab_size <= UINT16_VOCAB else np.int32)
+    stem = f"{name}.{key[:32]}"
+    ids_path, off_path, meta_path = _paths(cache_dir, stem)
+    tmp = [p.with_name(f".{p.name}.{os.getpid()}.tmp") for p in (ids_path, off_path)]
+    n = total = 0
+    with open(tmp[0], "wb") as ids_file, open(tmp[1], "wb") as off_file:
+        off_file.write(np.zeros(1, np.int64).tobytes())
+        for block in blocks:
+            lengths = np.fromiter(map(len, block), np.int64, len(block))
+            flat = np.fromiter(itertools.chain.from_iterable(block), dtype, int(lengths.sum()))
+            ids_file.write(flat.tobytes())
+            off_file.write((total + np.cumsum(lengths)).tobytes())
+            n, total = n + len(block), total + int(lengths.sum())
+    for t, p in zip(tmp, (ids_path, off_path)):
+        t.replace(p)
+    record = {
+        "version": FORMAT_VERSION,
+        "dtype": dtype.str,
+        "sentences": n,
+        "tokens": total,
+        "meta": meta or {},
+    }
+    _write_bytes(meta_path, json.dumps(record).encode())
+    for old in cache_dir.glob(f"{name}.*.json"):
+        if old != meta_path and len(old.name.split(".")) == 4:
+            for p in _paths(cache_dir, old.name.removesuffix(".json")):
+                p.unlink(missing_ok=True)
+    stored = read_store(cache_dir, name, key)
+    assert stored is not None, f"token store {meta_path} unreadable right after writing"
+    return stored[0]
+
+
+def encode_blocks(tokenizer: Tokenizer, texts: Sequence[str]) -> Iterator[list[list[int]]]:
+    """``tokenizer``'s ids (EOS appended) of ``texts``, a block of sentences at a time."""
+    for block in _blocks(texts):
+        yield tokenizer.sp.encode(block, out_type=int, add_eos=True, num_threads=-1)
 
 
 def encode_cached(
-    tokenizer: Tokenizer, texts: Sequence[str], cache_dir: str | Path | None, name: str
-) -> tuple[list[np.ndarray], bool, float]:
-    """``tokenizer.encode(texts)`` (EOS appended), read from / written to the cache.
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    cache_dir: str | Path | None,
+    name: str,
+    *,
+    inputs: str | None = None,
+) -> tuple[TokenIds, bool, float]:
+    """``tokenizer.encode(texts)`` (EOS appended), read from / written to the token store.
 
     Args:
       tokenizer: the model to encode with.
-      texts: the sentences.
-      cache_dir: directory of the cache files; None disables caching.
+      texts: the sentences (any sequence whose slices are lists of str: read in blocks).
+      cache_dir: directory of the stores; None disables caching.
       name: ``{split}.{side}``, e.g. ``train.source`` (two dot-free parts).
+      inputs: a fingerprint of what ``texts`` are read from (see ``content_key``); None: the
+        store is keyed by the text itself.
 
     Returns:
-      ``(ids, from_cache, seconds)``: one int32 array per sentence, whether they came from
-      the cache, and the seconds spent in ``tokenizer.encode`` (or hashing the text and
-      loading the cache file).
+      ``(ids, from_cache, seconds)``: the ids (``TokenIds``, mapped from the store when
+      cached), whether they came from the store, and the seconds spent tokenizing (or
+      hashing the text and mapping the store).
 
     Raises:
       ValueError: ``name`` is not two dot-free parts.
@@ -114,16 +348,14 @@ def encode_cached(
     if len(name.split(".")) != 2 or not all(name.split(".")):
         raise ValueError(f"cache name {name!r} must look like 'split.side'")
     start = time.perf_counter()
-    path = None
-    if cache_dir is not None:
-        path = Path(cache_dir) / f"{name}.{content_key(texts, tokenizer)[:32]}.npz"
-        if path.is_file():
-            ids = _read(path, len(texts))
-            if ids is not None:
-                return ids, True, time.perf_counter() - start
+    if cache_dir is None:
+        blocks = list(encode_blocks(tokenizer, texts))
+        ids = TokenIds.from_list([np.asarray(x, np.int32) for b in blocks for x in b])
+        return ids, False, time.perf_counter() - start
+    key = content_key(texts, tokenizer, inputs=inputs)
+    stored = read_store(cache_dir, name, key)
+    if stored is not None:
+        return stored[0], True, time.perf_counter() - start
     start = time.perf_counter()
-    ids = tokenizer.encode(texts)
-    seconds = time.perf_counter() - start
-    if path is not None:
-        _write(path, name, ids)
-    return ids, False, seconds
+    ids = write_store(cache_dir, name, key, encode_blocks(tokenizer, texts), tokenizer.vocab_size)
+    return ids, False, time.perf_counter() - start

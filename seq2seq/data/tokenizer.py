@@ -17,9 +17,10 @@ import hashlib
 import io
 import json
 import logging
+import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -164,7 +165,8 @@ class Tokenizer:
     def encode(self, texts: Sequence[str], *, add_eos: bool = True) -> list[np.ndarray]:
         """Token ids of each text: int32 arrays ``[len_i]``, ending with EOS when ``add_eos``."""
         if self.piece_ids is None:
-            ids = self.sp.encode(list(texts), out_type=int, add_eos=add_eos, num_threads=0)
+            # num_threads=-1: all cores (SentencePiece's wrapper runs 0 as a single thread)
+            ids = self.sp.encode(list(texts), out_type=int, add_eos=add_eos, num_threads=-1)
             return [np.asarray(x, dtype=np.int32) for x in ids]
         codes, bodies = [], []
         for text in texts:
@@ -180,7 +182,7 @@ class Tokenizer:
         return [
             np.asarray(code + [get(p, unk) for p in pieces] + eos, dtype=np.int32)
             for code, pieces in zip(
-                codes, self.sp.encode(bodies, out_type=str, num_threads=0), strict=True
+                codes, self.sp.encode(bodies, out_type=str, num_threads=-1), strict=True
             )
         ]
 
@@ -343,6 +345,32 @@ def _fingerprint(texts: Sequence[str], config: TokenizerConfig) -> str:
     return h.hexdigest()
 
 
+def _write_meta(path: Path, meta: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # processes may share the dir
+    tmp.write_text(json.dumps(meta, indent=1))
+    tmp.replace(path)
+
+
+class _Joined(Sequence):
+    """Two sequences of sentences read one after the other, without copying them."""
+
+    def __init__(self, first: Sequence[str], second: Sequence[str]):
+        self.first, self.second = first, second
+
+    def __len__(self) -> int:
+        return len(self.first) + len(self.second)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self.first)
+        return self.first[i] if i < n else self.second[i - n]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.first
+        yield from self.second
+
+
 def _explain(message: str, config: TokenizerConfig, what: str) -> str:
     """A SentencePiece training error rewritten as what to change in the config."""
     too_high = re.search(
@@ -372,6 +400,7 @@ def train_or_load(
     *,
     name: str = "spm",
     what: str = "training text",
+    inputs: str | None = None,
 ) -> Tokenizer:
     """Train a SentencePiece model on ``texts`` once, or reuse the one in ``workdir``.
 
@@ -383,6 +412,10 @@ def train_or_load(
         its inputs to ``workdir/{name}.json``.
       name: file stem, see ``model_names``.
       what: how messages name ``texts`` (e.g. "source (en) side of the training split").
+      inputs: a fingerprint of the files ``texts`` are read from (``token_cache.
+        file_fingerprint`` and how they are read), stored with the model: when it and the
+        options match the stored ones the model is reused without reading ``texts``;
+        otherwise the text's hash decides, as without it.
 
     Returns:
       The loaded Tokenizer.
@@ -397,12 +430,21 @@ def train_or_load(
         return Tokenizer(config.model_file)
     workdir = Path(workdir)
     model_path, meta_path = workdir / f"{name}.model", workdir / f"{name}.json"
-    digest = _fingerprint(texts, config)
+    options = json.loads(json.dumps(_options(config)))
     if model_path.is_file() and meta_path.is_file():
-        if json.loads(meta_path.read_text()).get("sha256") == digest:
+        meta = json.loads(meta_path.read_text())
+        if inputs is not None and meta.get("inputs") == inputs and meta.get("options") == options:
+            log.info("reusing tokenizer %s (its input files are unchanged)", model_path)
+            return Tokenizer(model_path)
+        digest = _fingerprint(texts, config)
+        if meta.get("sha256") == digest:
             log.info("reusing tokenizer %s", model_path)
+            if inputs is not None:  # the next run need not read the text
+                _write_meta(meta_path, {**meta, "options": options, "inputs": inputs})
             return Tokenizer(model_path)
         log.warning("training data or tokenizer options changed: retraining %s", model_path)
+    else:
+        digest = _fingerprint(texts, config)
     start = time.perf_counter()
     model = io.BytesIO()
     try:
@@ -431,7 +473,7 @@ def train_or_load(
     tmp = model_path.with_suffix(".tmp")
     tmp.write_bytes(model.getvalue())
     tmp.replace(model_path)
-    meta_path.write_text(json.dumps({"sha256": digest, "options": _options(config)}, indent=1))
+    _write_meta(meta_path, {"sha256": digest, "options": options, "inputs": inputs})
     log.info(
         "trained tokenizer %s (%d pieces) on the %s in %.1f s",
         model_path,
@@ -450,6 +492,7 @@ def train_or_load_pair(
     *,
     src_lang: str,
     tgt_lang: str,
+    inputs: str | None = None,
 ) -> TokenizerPair:
     """The run's source and target tokenizers: trained once on the training split, or given.
 
@@ -462,6 +505,7 @@ def train_or_load_pair(
       config: tokenizer options.
       workdir: run directory (see ``model_names`` for the file names).
       src_lang / tgt_lang: language codes (file names and messages).
+      inputs: the training files' fingerprint (see ``train_or_load``).
 
     Raises:
       TokenizerError: see ``train_or_load``; messages of separate models name the side.
@@ -481,11 +525,12 @@ def train_or_load_pair(
         return load_pair(config, workdir, src_lang=src_lang, tgt_lang=tgt_lang)
     if config.joint:
         tok = train_or_load(
-            list(sources) + list(targets),
+            _Joined(sources, targets),
             config,
             workdir,
             name=src_name,
             what="training split (both sides, joint vocabulary)",
+            inputs=inputs,
         )
         return TokenizerPair(tok, tok)
     sides = []
@@ -502,6 +547,7 @@ def train_or_load_pair(
                 workdir,
                 name=name,
                 what=f"{role} ({lang}) side of the training split",
+                inputs=inputs,
             )
         )
     return TokenizerPair(*sides)

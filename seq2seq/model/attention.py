@@ -329,14 +329,18 @@ def dot_product_attention(
     dense_mask, dense_bias = _dense(mask), _dense(bias)
     if implementation == "cudnn" and not (use_dropout or return_weights):
         bf16 = jnp.bfloat16
+        safe_mask, empty = _guard_empty_rows(dense_mask, query.shape[1], key.shape[1])
         out = jax.nn.dot_product_attention(
             query.astype(bf16),
             key.astype(bf16),
             value.astype(bf16),
             bias=None if dense_bias is None else dense_bias.astype(bf16),
-            mask=dense_mask,
+            mask=safe_mask,
             implementation="cudnn",
         )
+        if empty is not None:  # as dense: uniform weights, the mean of the values
+            mean = jnp.mean(value.astype(jnp.float32), axis=1, keepdims=True).astype(bf16)
+            out = jnp.where(empty, mean, out)
         return out.astype(query.dtype)
     if not (use_dropout or return_weights):
         return jax.nn.dot_product_attention(query, key, value, bias=dense_bias, mask=dense_mask)
@@ -349,6 +353,32 @@ def dot_product_attention(
         probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
     out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(value.dtype), value)
     return (out, weights) if return_weights else out
+
+
+def _guard_empty_rows(
+    mask: jax.Array | None, q_len: int, k_len: int
+) -> tuple[jax.Array | None, jax.Array | None]:
+    """A mask under which no query row is fully masked, and where the rows were.
+
+    Packed batches always hold padding queries whose every key is masked; cuDNN's flash
+    attention divides by a softmax sum of zero there (NaN, which reaches the gradients even
+    though the loss ignores those rows). Such rows may attend to every key instead; the caller
+    replaces their output by the mean of the values, which is what ``dense`` gives them.
+
+    Args:
+      mask: bool, broadcastable to ``[batch, heads, q_len, k_len]``, or None (no mask).
+
+    Returns:
+      ``(safe_mask, empty)``: ``safe_mask`` with empty rows all True; ``empty`` bool
+      ``[batch, q_len, heads or 1, 1]`` (True = the row had no key; the output's layout), or
+      ``(mask, None)`` when there is no mask.
+    """
+    if mask is None:
+        return None, None
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    mask = jnp.broadcast_to(mask, (*mask.shape[:2], q_len, k_len))
+    empty = ~jnp.any(mask, axis=-1, keepdims=True)  # [batch, heads or 1, q_len, 1]
+    return mask | empty, jnp.swapaxes(empty, 1, 2)
 
 
 def cached_attention(

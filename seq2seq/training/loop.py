@@ -158,16 +158,33 @@ def check_train_config(config: Config) -> None:
         )
 
 
+class HostBatch(dict):
+    """A step's micro-batches on the host (``train_batch``), with the real tokens of the
+    global batch: ``real_tokens`` (both sides) and ``target_tokens``."""
+
+    real_tokens: int = 0
+    target_tokens: int = 0
+
+
 def train_batch(
-    batches: PackedBatches | MixedBatches, first: int, accum: int
-) -> dict[str, np.ndarray]:
+    batches: PackedBatches | MixedBatches,
+    first: int,
+    accum: int,
+    share: tuple[int, int] = (0, 1),
+) -> HostBatch:
     """Micro-batches ``first .. first+accum-1`` stacked as int32 ``[accum, rows, max_len]``.
 
     Optimizer step k of a run that never changed ``accum`` uses ``first = k · accum``; each
     micro-batch is a function of (seed, index) alone, so resumed runs see the same data.
+    ``share``: ``(index, count)`` of ``Partitioner.process_share``: only the rows this
+    process feeds are laid out (``[accum, rows // count, max_len]``); the token counts are
+    always the global batch's.
     """
-    micro = [batches.batch_at(first + i) for i in range(accum)]
-    return {k: np.stack([m[k] for m in micro]) for k in micro[0]}
+    micro = [batches.batch_at(first + i, *share) for i in range(accum)]
+    out = HostBatch({k: np.stack([m[k] for m in micro]) for k in micro[0]})
+    counts = np.sum([batches.tokens_at(first + i) for i in range(accum)], axis=0)
+    out.real_tokens, out.target_tokens = int(counts.sum()), int(counts[1])
+    return out
 
 
 def remap_position(batches: PackedBatches | MixedBatches, position: int, old: Any) -> int:
@@ -186,24 +203,22 @@ def remap_position(batches: PackedBatches | MixedBatches, position: int, old: An
             "data.max_tokens, data.max_len and data.packing cannot change on resume with "
             "several training corpora (data.train is a list): resume with the saved values"
         )
-    keep = [
-        i
-        for i in range(len(batches.src))
-        if batches.src_lengths[i] <= old.max_len and batches.tgt_lengths[i] <= old.max_len
-    ]
+    keep = np.flatnonzero(
+        (batches.src_lengths <= old.max_len) & (batches.tgt_lengths <= old.max_len)
+    )
     before = PackedBatches(
-        [batches.src[i] for i in keep],
-        [batches.tgt[i] for i in keep],
+        batches.src.select(keep),
+        batches.tgt.select(keep),
         max_len=old.max_len,
         rows=old.max_tokens // old.max_len,
         seed=batches.seed,
         packing=old.packing,
     )
     epoch, index = before.locate(position)
-    rows = before.epoch_rows(epoch)
-    share = sum(len(r) for r in rows[: index * before.rows]) / max(len(keep), 1)
+    rows = before.epoch_packing(epoch)
+    share = int(rows.offsets[min(index * before.rows, len(rows))]) / max(len(keep), 1)
     seen = share * len(batches.src)  # pairs of this epoch already trained on, in the new view
-    pairs = np.cumsum([len(r) for r in batches.epoch_rows(epoch)])  # pairs in the first k+1 rows
+    pairs = batches.epoch_packing(epoch).offsets[1:]  # pairs in the first k+1 rows
     rows_seen = int(np.searchsorted(pairs, seen - 1e-6)) + 1 if seen > 0 else 0
     start = sum(batches.batches_in_epoch(e) for e in range(epoch))
     return start + min(-(-rows_seen // batches.rows), batches.batches_in_epoch(epoch))
@@ -798,19 +813,25 @@ def _train_loop(
     skips = _SkipCounter(int(loop.state.skipped), tcfg.max_skipped_steps)
     with _StopFlag() as stop, contextlib.closing(bar):
         loop.stop_flag = stop
-        batch = train_batch(data.train, p.micro_batches, accum) if p.step < loop.steps else None
+        share, rows = partitioner.process_share(data.train.rows), data.train.rows
+        batch = (
+            train_batch(data.train, p.micro_batches, accum, share) if p.step < loop.steps else None
+        )
         while p.step < loop.steps:
             if batch is None:  # the time budget raised the step count past the prepared ones
-                batch = train_batch(data.train, p.micro_batches, accum)
+                batch = train_batch(data.train, p.micro_batches, accum, share)
             t0 = time.perf_counter()
-            target = int((batch["tgt_segments"] > 0).sum())
-            real = target + int((batch["src_segments"] > 0).sum())
+            target, real = batch.target_tokens, batch.real_tokens
             loop.state, m = sharded_step(
-                loop.state, partitioner.shard_batch(batch, row_axis=1), *horizon
+                loop.state, partitioner.shard_batch(batch, 1, rows), *horizon
             )
             p.step, p.micro_batches = p.step + 1, p.micro_batches + accum
             # prepared on the host while the device computes
-            batch = train_batch(data.train, p.micro_batches, accum) if p.step < loop.steps else None
+            batch = (
+                train_batch(data.train, p.micro_batches, accum, share)
+                if p.step < loop.steps
+                else None
+            )
             loop.pending.append(m)
             loop.window_real += real
             p.tokens_seen += real
