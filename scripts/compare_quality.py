@@ -169,6 +169,32 @@ def peer_batches(pairs: list[tuple[list[int], list[int]]], max_tokens: int, seed
     return batches
 
 
+def peer_optimizer(model):
+    """The peer's Adam (betas 0.9/0.98, eps 1e-9) with RECIPE's linear warmup then 1/√step."""
+    import torch
+
+    opt = torch.optim.Adam(
+        model.parameters(), lr=RECIPE["learning_rate"], betas=(0.9, 0.98), eps=1e-9
+    )
+    warmup = RECIPE["warmup_steps"]
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, math.sqrt(warmup / (s + 1)))
+    )
+    return opt, sched
+
+
+def pad_rows(seqs: list[list[int]], pad: int, first: int | None = None):
+    """int64 ``[len(seqs), width]`` of the sequences (``first`` prepended), padded with ``pad``."""
+    import torch
+
+    width = max(len(s) for s in seqs) + (first is not None)
+    out = torch.full((len(seqs), width), pad, dtype=torch.long)
+    for r, s in enumerate(seqs):
+        s = ([first] if first is not None else []) + s
+        out[r, : len(s)] = torch.tensor(s)
+    return out
+
+
 def train_peer(
     run: Path, data: Path, langs: tuple[str, str], seconds: float, threads: int, seed: int = 0
 ) -> dict[str, Any]:
@@ -220,21 +246,10 @@ def train_peer(
             forced_eos_token_id=None,
         )
     )
-    opt = torch.optim.Adam(
-        model.parameters(), lr=RECIPE["learning_rate"], betas=(0.9, 0.98), eps=1e-9
-    )
-    warmup = RECIPE["warmup_steps"]
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, math.sqrt(warmup / (s + 1)))
-    )
+    opt, sched = peer_optimizer(model)
 
     def rows(seqs, first=None):
-        width = max(len(s) for s in seqs) + (first is not None)
-        out = torch.full((len(seqs), width), pad, dtype=torch.long)
-        for r, s in enumerate(seqs):
-            s = ([first] if first is not None else []) + s
-            out[r, : len(s)] = torch.tensor(s)
-        return out
+        return pad_rows(seqs, pad, first)
 
     model.train()
     start, steps, epoch, tokens = time.perf_counter(), 0, 0, 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.nn.functional as F
     import transformers
-    from compare_quality import RECIPE, peer_batches, read_lines
+    from compare_quality import RECIPE, pad_rows, peer_batches, peer_optimizer, read_lines
 
     from seq2seq.config import replace
     from seq2seq.marian import import_marian
@@ -111,21 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         bos_token_id=None,
     )
     model = transformers.MarianMTModel(config)
-    opt = torch.optim.Adam(
-        model.parameters(), lr=RECIPE["learning_rate"], betas=(0.9, 0.98), eps=1e-9
-    )
-    warmup = RECIPE["warmup_steps"]
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, math.sqrt(warmup / (s + 1)))
-    )
+    opt, sched = peer_optimizer(model)
 
     def rows(seqs, first=None):
-        width = max(len(s) for s in seqs) + (first is not None)
-        t = torch.full((len(seqs), width), pad, dtype=torch.long)
-        for r, s in enumerate(seqs):
-            s = ([first] if first is not None else []) + s
-            t[r, : len(s)] = torch.tensor(s)
-        return t
+        return pad_rows(seqs, pad, first)
 
     model.train()
     start, steps, epoch = time.perf_counter(), 0, 0
