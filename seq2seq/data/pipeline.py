@@ -535,12 +535,15 @@ def prepare(
     start = time.perf_counter()
     skipped: list[str] = []
     cache = Path(workdir) / "tokens"
+    train = _TrainText(config, cache)
+    for i, source in enumerate(train.sources):  # a missing training file is named first
+        if source.format in ("text", "tsv", "csv", "jsonl") and train.inputs(i) is None:
+            train.dataset(i)  # raises the reader's DataError naming the file
     dev_ds = _read(config, "dev", skipped)
     test_ds = _read(config, "test", skipped) if need_test else []
     dev_parts = _tagged(config, "dev", dev_ds)
     test_parts = _tagged(config, "test", test_ds) if need_test else []
     dev, test = _joined(dev_parts), _joined(test_parts)
-    train = _TrainText(config, cache)
     several = len(train.sources) > 1
     stats: dict[str, float] = {
         "train_pairs_read": 0,
