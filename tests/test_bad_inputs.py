@@ -19,11 +19,15 @@ def echo_run(monkeypatch, tmp_path):
     seen = {}
     config = Config(workdir=str(tmp_path), data=DataConfig(max_len=32), decode=DECODE)
     monkeypatch.setattr(
-        "seq2seq.trained.load_trained", lambda workdir, step=None: (config, None, None, None)
+        "seq2seq.trained.load_trained",
+        lambda workdir, step=None, matmul_dtype=None: (config, None, None, None),
     )
 
     class Echo:
         def __init__(self, *args, **kwargs):
+            pass
+
+        def log_unknown_rate(self, lines, name="input"):
             pass
 
         def translate(self, lines, nbest=1, progress=False, source=None):
@@ -107,7 +111,8 @@ def test_translate_refuses_a_source_limit_beyond_the_learned_position_table(
         model=ModelConfig(positions="learned", max_len=64),
     )
     monkeypatch.setattr(
-        "seq2seq.trained.load_trained", lambda workdir, step=None: (config, None, None, None)
+        "seq2seq.trained.load_trained",
+        lambda workdir, step=None, matmul_dtype=None: (config, None, None, None),
     )
     (tmp / "in").write_text("Hola.\n", encoding="utf-8")
     argv = ["--workdir", "RUN", "--input", str(tmp / "in")]
