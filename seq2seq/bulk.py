@@ -25,6 +25,8 @@ import hashlib
 import json
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -205,6 +207,31 @@ def local_partitioner(config) -> Partitioner:
     return Partitioner(mesh)
 
 
+class _ChunkBoundaryInterrupt:
+    """SIGINT as a request honoured after the chunk being decoded is written (a second SIGINT
+    interrupts at once), so that Ctrl-C never lands inside a decode call; the previous handler
+    is restored on exit. Outside the main thread (no signal handlers there) it does nothing."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: Any = None
+
+    def __enter__(self) -> _ChunkBoundaryInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("interrupt: finishing the chunk being decoded, then stopping")
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
 def translate_file(
     translator: Translator,
     lines: Sequence[str],
@@ -269,13 +296,16 @@ def translate_file(
     )
     start = time.perf_counter()
     own = dict.fromkeys(COUNTS, 0)
-    for k in todo:
-        a, b = bounds[k]
-        chunk = translate_chunk(translator, lines[a:b], a, source, bar)
-        bar.update(chunk["empty"])  # translate's bar counts decoded lines
-        _write_atomic(chunk_path(output_dir, k), json.dumps(chunk, ensure_ascii=False))
-        for key in COUNTS:
-            own[key] += chunk[key]
+    with _ChunkBoundaryInterrupt() as interrupt:
+        for k in todo:
+            a, b = bounds[k]
+            chunk = translate_chunk(translator, lines[a:b], a, source, bar)
+            bar.update(chunk["empty"])  # translate's bar counts decoded lines
+            _write_atomic(chunk_path(output_dir, k), json.dumps(chunk, ensure_ascii=False))
+            for key in COUNTS:
+                own[key] += chunk[key]
+            if interrupt.requested:  # Ctrl-C during this chunk: it is written, stop here
+                raise KeyboardInterrupt
     bar.close()
     own_seconds = time.perf_counter() - start
     if processes > 1:
