@@ -262,7 +262,7 @@ def run(parts, monkeypatch, tmp_path):
     tokenizer, graphdef, params = parts
     config = Config(workdir=str(tmp_path), data=DataConfig(max_len=32), decode=DECODE)
 
-    def load_trained(workdir, step=None):
+    def load_trained(workdir, step=None, matmul_dtype=None):
         assert workdir == "RUN"
         return config, tokenizer, graphdef, params
 
@@ -359,6 +359,9 @@ def test_translate_command_options_reach_the_translator(run, monkeypatch, capsys
                 on_long=on_long,
                 mesh=dict(partitioner.mesh.shape),
             )
+
+        def log_unknown_rate(self, lines, name="input"):
+            return 0.0
 
         def translate(self, lines, nbest=1, progress=False, source=None):
             seen.update(nbest=nbest, progress=progress)

@@ -62,7 +62,7 @@ def test_old_boolean_share_embeddings_still_loads(tmp_path):
     "key,value",
     [
         ("positions", "absolute"),
-        ("activation", "swish"),
+        ("activation", "mish"),
         ("norm", "sandwich"),
         ("share_embeddings", "some"),
         ("dtype", "float16"),
