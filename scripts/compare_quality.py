@@ -195,6 +195,31 @@ def pad_rows(seqs: list[list[int]], pad: int, first: int | None = None):
     return out
 
 
+def peer_update(model, opt, sched, pairs, pad: int, start: int):
+    """One optimizer step of the peer on ``pairs`` (source ids, target ids with EOS): teacher
+    forcing from ``start``, label-smoothed cross-entropy without padding, gradient clipping;
+    returns the loss (float) and the padded targets (int64 ``[batch, length]``)."""
+    import torch
+    import torch.nn.functional as F
+
+    src = pad_rows([s for s, _ in pairs], pad)
+    tgt = pad_rows([t for _, t in pairs], pad)
+    dec_in = pad_rows([t[:-1] for _, t in pairs], pad, first=start)
+    logits = model(input_ids=src, attention_mask=src != pad, decoder_input_ids=dec_in).logits
+    loss = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        tgt.reshape(-1),
+        ignore_index=pad,
+        label_smoothing=RECIPE["label_smoothing"],
+    )
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), RECIPE["clip"])
+    opt.step()
+    sched.step()
+    return loss.item(), tgt
+
+
 def train_peer(
     run: Path, data: Path, langs: tuple[str, str], seconds: float, threads: int, seed: int = 0
 ) -> dict[str, Any]:
@@ -202,7 +227,6 @@ def train_peer(
     import sacrebleu
     import sentencepiece as spm
     import torch
-    import torch.nn.functional as F
     import transformers
     import yaml
 
@@ -255,26 +279,10 @@ def train_peer(
     start, steps, epoch, tokens = time.perf_counter(), 0, 0, 0
     while time.perf_counter() - start < seconds:
         for batch in peer_batches(train, RECIPE["max_tokens"], seed + epoch):
-            src = rows([train[i][0] for i in batch])
-            tgt = rows([train[i][1] for i in batch])
-            dec_in = rows([train[i][1][:-1] for i in batch], first=bos)
-            logits = model(
-                input_ids=src, attention_mask=src != pad, decoder_input_ids=dec_in
-            ).logits
-            loss = F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]),
-                tgt.reshape(-1),
-                ignore_index=pad,
-                label_smoothing=RECIPE["label_smoothing"],
-            )
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), RECIPE["clip"])
-            opt.step()
-            sched.step()
+            loss, tgt = peer_update(model, opt, sched, [train[i] for i in batch], pad, bos)
             steps, tokens = steps + 1, tokens + int((tgt != pad).sum())
             if steps % 100 == 0:
-                print(f"  peer step {steps}: loss {loss.item():.3f}", flush=True)
+                print(f"  peer step {steps}: loss {loss:.3f}", flush=True)
             if time.perf_counter() - start >= seconds:
                 break
         epoch += 1

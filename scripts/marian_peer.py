@@ -43,9 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     import sacrebleu
     import sentencepiece as spm
     import torch
-    import torch.nn.functional as F
     import transformers
-    from compare_quality import RECIPE, pad_rows, peer_batches, peer_optimizer, read_lines
+    from compare_quality import (
+        RECIPE,
+        pad_rows,
+        peer_batches,
+        peer_optimizer,
+        peer_update,
+        read_lines,
+    )
 
     from seq2seq.config import replace
     from seq2seq.marian import import_marian
@@ -119,26 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     start, steps, epoch = time.perf_counter(), 0, 0
     while time.perf_counter() - start < a.seconds:
         for batch in peer_batches(train, RECIPE["max_tokens"], epoch):
-            src = rows([train[i][0] for i in batch])
-            tgt = rows([train[i][1] for i in batch])
-            dec_in = rows([train[i][1][:-1] for i in batch], first=pad)
-            logits = model(
-                input_ids=src, attention_mask=src != pad, decoder_input_ids=dec_in
-            ).logits
-            loss = F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]),
-                tgt.reshape(-1),
-                ignore_index=pad,
-                label_smoothing=RECIPE["label_smoothing"],
-            )
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), RECIPE["clip"])
-            opt.step()
-            sched.step()
+            loss, _ = peer_update(model, opt, sched, [train[i] for i in batch], pad, pad)
             steps += 1
             if steps % 100 == 0:
-                print(f"peer step {steps}: loss {loss.item():.3f}", flush=True)
+                print(f"peer step {steps}: loss {loss:.3f}", flush=True)
             if time.perf_counter() - start >= a.seconds:
                 break
         epoch += 1
