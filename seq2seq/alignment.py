@@ -23,6 +23,7 @@ from flax import nnx
 
 from seq2seq.data.batching import make_batch
 from seq2seq.data.tokenizer import TokenizerPair
+from seq2seq.decoding import ensemble_size
 from seq2seq.translation import Translator, bucket_length
 
 
@@ -82,9 +83,9 @@ def cross_attention(
     """
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
-    if isinstance(translator.graphdef, tuple):
+    if (models := ensemble_size(translator.graphdef)) > 1:
         raise ValueError(
-            f"the attention of an ensemble ({len(translator.graphdef)} models) is not defined: "
+            f"the attention of an ensemble ({models} models) is not defined: "
             "give one run (one --workdir and --step)"
         )
     if not sources:

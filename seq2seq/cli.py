@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from seq2seq.config import ConfigError, DecodeConfig, config_yaml, load_config, replace
+from seq2seq.config import ConfigError, choices, config_yaml, load_config
 
 
 def _setup_logging(workdir: Path | None = None) -> None:
@@ -145,6 +145,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _unit_interval(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
 def _probability(text: str) -> float:
     value = float(text)
     if not 0 < value <= 1:
@@ -154,17 +161,20 @@ def _probability(text: str) -> float:
 
 # command-line option → decode config key (None = keep the run's value)
 _DECODE_OPTIONS = {
+    "search": "search",
     "beam": "beam_size",
     "alpha": "alpha",
     "min_length": "min_length",
     "max_tokens": "max_tokens",
-    "sampling": "sampling",
     "temperature": "temperature",
     "top_k": "top_k",
     "top_p": "top_p",
+    "epsilon": "epsilon",
     "seed": "seed",
+    "mbr_size": "mbr_size",
+    "mbr_candidates": "mbr_candidates",
 }
-_SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
+_SAMPLING_ONLY = ("temperature", "top_k", "top_p", "epsilon", "seed")
 
 
 class _Repeatable(argparse.Action):
@@ -221,18 +231,25 @@ def _decode_parser(
     parser = argparse.ArgumentParser(prog=prog, description=description)
     _add_model_options(parser, workdir_required)
     search = parser.add_argument_group("search (defaults: the run's decode config)")
+    search.add_argument(
+        "--search",
+        choices=choices("decode.search"),
+        help="decoding method: beam search, greedy search, sampling, or MBR (minimum Bayes "
+        "risk: the candidate with the highest mean chrF against the others)",
+    )
     search.add_argument("--beam", type=_positive_int, help="beam size (1 = greedy search)")
     search.add_argument("--alpha", type=_nonnegative_float, help="length-penalty exponent")
     search.add_argument(
         "--min-length", type=_nonnegative_int, help="at least this many tokens before EOS"
     )
     search.add_argument("--max-tokens", type=_positive_int, help="source tokens per batch")
-    sampling = parser.add_argument_group("sampling (instead of beam search)")
+    sampling = parser.add_argument_group("sampling (--search sampling, or MBR's candidates)")
     sampling.add_argument(
         "--sampling",
-        action="store_true",
-        default=None,
-        help="sample; --nbest N then gives N independent samples per line",
+        dest="search",
+        action="store_const",
+        const="sampling",
+        help="--search sampling: --nbest N then gives N independent samples per line",
     )
     sampling.add_argument("--temperature", type=_positive_float, help="default 1")
     sampling.add_argument(
@@ -244,7 +261,21 @@ def _decode_parser(
         help="nucleus sampling: smallest set with this probability mass",
     )
     sampling.add_argument(
+        "--epsilon",
+        type=_unit_interval,
+        help="epsilon sampling: drop tokens less probable than this (0 = off; 0.02 for MBR)",
+    )
+    sampling.add_argument(
         "--seed", type=int, help="a line's samples depend on the seed and its line number only"
+    )
+    mbr = parser.add_argument_group("MBR (--search mbr)")
+    mbr.add_argument(
+        "--mbr-size", type=_positive_int, help="candidates per sentence, also the references"
+    )
+    mbr.add_argument(
+        "--mbr-candidates",
+        choices=choices("decode.mbr_candidates"),
+        help="candidates from sampling (the sampling options) or a beam's n-best",
     )
     long = parser.add_argument_group("long inputs")
     long.add_argument(
@@ -264,96 +295,53 @@ def _decode_parser(
 
 
 def _members(args) -> list[tuple[str, int | None]]:
-    """The (workdir, step) of each model: one per --workdir (at its --step, one per workdir,
-    or its default), or one per --step of a single --workdir.
+    """The (workdir, step) of each model given by ``--workdir`` and ``--step``
+    (``seq2seq.inference.members``)."""
+    from seq2seq.inference import members
+
+    return members(getattr(args, "workdirs", None) or [args.workdir], getattr(args, "steps", None))
+
+
+def _load(args):
+    """The model(s) of ``--workdir``/``--step`` with the command line's decoding options
+    (``seq2seq.inference.Opened``).
 
     Raises:
-      ValueError: several --workdir with a different number of --step.
+      ValueError: a sampling option without a search that samples, or as ``open_run``.
     """
-    workdirs = getattr(args, "workdirs", None) or [args.workdir]
-    steps = getattr(args, "steps", None) or []
-    if not steps:
-        return [(w, None) for w in workdirs]
-    if len(workdirs) == 1:
-        return [(workdirs[0], s) for s in steps]
-    if len(steps) != len(workdirs):
-        raise ValueError(
-            f"{len(workdirs)} --workdir but {len(steps)} --step: give one --step per "
-            "--workdir, none (each run's default checkpoint), or several with one --workdir"
-        )
-    return list(zip(workdirs, steps))
+    from seq2seq.inference import open_run
 
-
-def _load(args) -> tuple:
-    """(config, tokenizer, graphdef, params, decode) of one model, or of an ensemble (then
-    graphdef and params are tuples and ``args.configs`` holds every member's config)."""
-    from seq2seq import trained
-
-    members = _members(args)
     changes = {
         key: getattr(args, opt)
         for opt, key in _DECODE_OPTIONS.items()
         if getattr(args, opt, None) is not None
     }
-    matmul = getattr(args, "matmul_dtype", None)  # --matmul-dtype (translate, score)
-    if len(members) == 1:
-        config, tokenizer, graphdef, params = trained.load_trained(*members[0], matmul_dtype=matmul)
-        args.configs = [config]
-    else:
-        configs, tokenizer, graphdef, params = trained.load_ensemble(members, matmul_dtype=matmul)
-        trained.check_same_decode(members, [replace(c.decode, **changes) for c in configs])
-        config, args.configs = configs[0], configs
-    decode: DecodeConfig = replace(config.decode, **changes)
-    if not decode.sampling:
+    opened = open_run(
+        _members(args),
+        decode_changes=changes,
+        matmul_dtype=getattr(args, "matmul_dtype", None),  # --matmul-dtype (translate, score)
+    )
+    decode = opened.decode
+    if not (
+        decode.search == "sampling"
+        or (decode.search == "mbr" and decode.mbr_candidates == "sampling")
+    ):
         given = [
             f"--{o.replace('_', '-')}" for o in _SAMPLING_ONLY if getattr(args, o, None) is not None
         ]
         if given:
             verb = "applies" if len(given) == 1 else "apply"
-            raise ValueError(f"{', '.join(given)} only {verb} with --sampling")
-    return config, tokenizer, graphdef, params, decode
-
-
-def _partitioner(config):
-    """The run's mesh on this machine's devices, or data parallel over them when the run's
-    mesh does not fit here (e.g. trained with ``mesh.fsdp=8``, translated on one CPU)."""
-    from seq2seq.config import MeshConfig
-    from seq2seq.sharding import MeshError, Partitioner
-
-    try:
-        return Partitioner.from_config(config)
-    except MeshError as e:
-        logging.getLogger(__name__).info("%s; decoding data parallel on this machine", e)
-        return Partitioner.from_config(replace(config, mesh=MeshConfig()))
-
-
-def _translator(args, config, tokenizer, graphdef, params, decode, partitioner=None):
-    from seq2seq.config import check_position_limits
-    from seq2seq.data.pipeline import MIN_DECODE_SOURCE_LEN, decode_source_limit
-    from seq2seq.translation import Translator
-
-    for member in getattr(args, "configs", None) or [config]:  # every model of an ensemble
-        if args.max_src_tokens:  # a learned position table must hold the lengths decoded
-            check_position_limits(
-                replace(member, decode=decode), args.max_src_tokens, "--max-src-tokens"
+            raise ValueError(
+                f"{', '.join(given)} only {verb} with --sampling (or --search mbr with "
+                "sampled candidates)"
             )
-        else:
-            check_position_limits(
-                replace(member, decode=decode),
-                max(config.data.max_len, MIN_DECODE_SOURCE_LEN),
-                f"the default --max-src-tokens max(data.max_len, "
-                f"{MIN_DECODE_SOURCE_LEN}) up to model.max_len",
-                capped=True,
-            )
-    max_src = args.max_src_tokens or decode_source_limit(config)
-    return Translator(
-        graphdef,
-        params,
-        tokenizer,
-        decode,
-        max_src_len=max_src,
-        on_long=args.on_long,
-        partitioner=partitioner or _partitioner(config),
+    return opened
+
+
+def _translator(args, opened, partitioner=None):
+    """``opened``'s ``Translator`` under ``--max-src-tokens`` and ``--on-long``."""
+    return opened.translator(
+        max_src_tokens=args.max_src_tokens, on_long=args.on_long, partitioner=partitioner
     )
 
 
@@ -457,12 +445,12 @@ def translate_main(argv: Sequence[str] | None = None) -> int:
         if not stdin:
             lines = _read_lines(args.input)
         prefixes = None if args.prefix_file is None else _read_lines(args.prefix_file)
-        config, tokenizer, graphdef, params, decode = _load(args)
-        if align_path and isinstance(graphdef, tuple):
+        opened = _load(args)
+        if align_path and opened.models > 1:
             raise ValueError("--alignments needs one model, not an ensemble")
         if stdin:
             lines = _read_lines(args.input)
-        translator = _translator(args, config, tokenizer, graphdef, params, decode)
+        translator = _translator(args, opened)
         source = args.input if args.input not in (None, "-") else "<stdin>"
         translator.log_unknown_rate(lines, source)
         forced = {} if prefixes is None else dict(prefixes=prefixes, prefix_source=args.prefix_file)
@@ -555,10 +543,8 @@ def _translate_bulk(args) -> int:
     )
     try:
         lines = _read_lines(args.input)
-        config, tokenizer, graphdef, params, decode = _load(args)
-        translator = _translator(
-            args, config, tokenizer, graphdef, params, decode, bulk.local_partitioner(config)
-        )
+        opened = _load(args)
+        translator = _translator(args, opened, bulk.local_partitioner(opened.config))
         chunk_lines = args.chunk_lines or 10000
         job = bulk.job_record(args.input, len(lines), chunk_lines, _members(args), translator)
         report = bulk.translate_file(
@@ -656,16 +642,17 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
             return _fail("--output takes one system's hypotheses: use --hyp-dir with several")
         timings = []
         for name, model_args in models:
-            config, tokenizer, graphdef, params, decode = _load(model_args)
+            opened = _load(model_args)
             if not args.ref:
-                test = split_text(config, "test")  # every test corpus, with its tag
+                test = split_text(opened.config, "test")  # every test corpus, with its tag
                 sources, refs = test.sources, test.targets
-            translator = _translator(model_args, config, tokenizer, graphdef, params, decode)
+            translator = _translator(model_args, opened)
             start = time.perf_counter()
             hyps = [
                 h[0].text for h in translator.translate(sources, progress=True, source=args.src)
             ]
-            timings.append((name, len(hyps), max(time.perf_counter() - start, 1e-9), decode))
+            seconds = max(time.perf_counter() - start, 1e-9)
+            timings.append((name, len(hyps), seconds, translator.strategy.describe()))
             systems.append((name, hyps))
         ref_name = args.ref or "test references"
         scores: object = None
@@ -720,13 +707,7 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
         print(scores)
     if comet_lines:
         print("\n".join(comet_lines))
-    for name, count, seconds, decode in timings:
-        search = (
-            f"sampling (temperature {decode.temperature}, top-k {decode.top_k}, top-p "
-            f"{decode.top_p}, seed {decode.seed})"
-            if decode.sampling
-            else f"beam {decode.beam_size}, alpha {decode.alpha}"
-        )
+    for name, count, seconds, search in timings:
         prefix = f"{name}: " if len(timings) > 1 else ""
         print(
             f"{prefix}{count} sentences in {seconds:.1f} s ({count / seconds:.1f} "
@@ -887,8 +868,7 @@ def score_main(argv: Sequence[str] | None = None) -> int:
                 f"{args.src} has {len(sources)} lines but {args.tgt} has {len(targets)}: "
                 f"{longer}:{n + 1} has no line in {shorter} to pair with"
             )
-        config, tokenizer, graphdef, params, decode = _load(args)
-        translator = _translator(args, config, tokenizer, graphdef, params, decode)
+        translator = _translator(args, _load(args))
         scored = translator.score(sources, targets, source=args.src)
     except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
@@ -1018,7 +998,7 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
 
     try:
         targs = _decode_parser("seq2seq-plot", "").parse_args(["--workdir", args.workdir])
-        translator = _translator(targs, *_load(targs))
+        translator = _translator(targs, _load(targs))
         hyp = translator.translate([args.attention])[0][0]
         found = cross_attention(translator, [args.attention], [hyp.tokens])[0]
         output = args.output or str(Path(args.workdir) / "attention.png")
@@ -1077,8 +1057,9 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     from seq2seq.serve import Limits, Service, make_app, serve, warm_up
 
     try:
-        config, tokenizer, graphdef, params, decode = _load(args)
-        translator = _translator(args, config, tokenizer, graphdef, params, decode)
+        opened = _load(args)
+        translator = _translator(args, opened)
+        config = opened.config
         start = time.perf_counter()
         if args.warmup:
             shapes = warm_up(translator, args.max_batch)

@@ -473,11 +473,14 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Decoding: beam search (Wu et al. 2016 length penalty ((5+|Y|)/6)^alpha), greedy or sampling.
+    """Decoding: beam search (Wu et al. 2016 length penalty ((5+|Y|)/6)^alpha), greedy search,
+    sampling or minimum Bayes risk (MBR) decoding; one strategy each (``seq2seq.search``).
 
     The stopping and length rules are documented in ``seq2seq/decoding.py``.
 
     Attributes:
+      search: ``beam``, ``greedy``, ``sampling`` (the n-best are independent samples) or ``mbr``
+        (candidates chosen by expected chrF against the others; Freitag et al. 2023).
       beam_size: hypotheses kept per sentence (1 = greedy search).
       alpha: length-penalty exponent (≥ 0).
       length_penalty: ``gnmt`` ((5+|Y|)/6)^α, ``plain`` |Y|^α or ``none``.
@@ -486,15 +489,20 @@ class DecodeConfig:
       min_length: at least this many tokens before EOS (0 = no minimum; the maximum wins).
       max_tokens: source-token budget per decoding batch.
       test_limit: decode only the first N test sentences at the end of training (0 = all).
-      sampling: sample instead of beam search (the n-best are independent samples).
       temperature: sampling temperature (> 0).
       top_k: sample among the k most probable tokens (0 = all; Fan et al. 2018).
       top_p: nucleus sampling mass in (0, 1] (1 = all; Holtzman et al. 2020).
+      epsilon: drop tokens less probable than this, in [0, 1) (0 = off; epsilon sampling,
+        Hewitt et al. 2022; 0.02 for MBR's candidates in Freitag et al. 2023).
+      mbr_candidates: where MBR's candidates come from: ``sampling`` (the sampling keys) or
+        ``beam`` (the n-best of a beam of ``mbr_size``).
+      mbr_size: MBR candidates per sentence, also its pseudo-references (≥ 2).
       seed: sampling seed; a sentence's samples depend on it and the sentence's line number.
       allow_unk: let the search produce the unknown piece (written `` ⁇ `` in the text);
         by default it is never generated.
     """
 
+    search: str = rule("beam", resume=FREE, choices=("beam", "greedy", "sampling", "mbr"))
     beam_size: int = rule(4, resume=FREE)
     alpha: float = rule(0.6, resume=FREE)
     length_penalty: str = rule("gnmt", resume=FREE, choices=("gnmt", "plain", "none"))
@@ -503,12 +511,22 @@ class DecodeConfig:
     min_length: int = rule(0, resume=FREE)
     max_tokens: int = rule(8192, resume=FREE)
     test_limit: int = rule(0, resume=FREE)
-    sampling: bool = rule(False, resume=FREE)
     temperature: float = rule(1.0, resume=FREE)
     top_k: int = rule(0, resume=FREE)
     top_p: float = rule(1.0, resume=FREE)
     seed: int = rule(0, resume=FREE)
+    epsilon: float = rule(0.0, resume=FREE)
+    mbr_candidates: str = rule("sampling", resume=FREE, choices=("sampling", "beam"))
+    mbr_size: int = rule(16, resume=FREE)
     allow_unk: bool = rule(False, resume=FREE)
+
+    def __post_init__(self):
+        for key in ("search", "mbr_candidates"):
+            options = choices(f"decode.{key}")
+            if getattr(self, key) not in options:
+                raise ConfigError(
+                    f"decode.{key} must be one of {', '.join(options)}; got {getattr(self, key)!r}"
+                )
 
     def output_limit(self, source_tokens: int) -> int:
         """Output length limit in tokens, EOS included, for a source of ``source_tokens``
@@ -667,6 +685,28 @@ def _merge(*layers: Any) -> Config:
         raise ConfigError(str(e).splitlines()[0] + f" (key: {getattr(e, 'full_key', '?')})") from e
 
 
+def _former_keys(layer: Any, where: str) -> Any:
+    """``layer`` with keys of earlier versions written as today's: ``decode.sampling: true``
+    (configs and runs from before ``decode.search``) is ``decode.search: sampling``, ``false``
+    is nothing.
+
+    Raises:
+      ConfigError: ``decode.sampling: true`` beside another ``decode.search`` (names ``where``).
+    """
+    decode = layer.get("decode") if isinstance(layer, DictConfig) else None
+    if not isinstance(decode, DictConfig) or "sampling" not in decode:
+        return layer
+    layer = copy.deepcopy(layer)
+    if str(layer.decode.pop("sampling")).lower() == "true":
+        if layer.decode.get("search", "sampling") != "sampling":
+            raise ConfigError(
+                f"{where}: decode.sampling=true contradicts decode.search="
+                f"{layer.decode.search}; set decode.search alone"
+            )
+        layer.decode.search = "sampling"
+    return layer
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Build a Config from defaults, an optional YAML file and ``key=value`` overrides.
 
@@ -693,12 +733,12 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             raise ConfigError(f"{where}: invalid YAML: {problem}") from e
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: top level must be a mapping, got {type(data).__name__}")
-        layers.append(OmegaConf.create(data))
+        layers.append(_former_keys(OmegaConf.create(data), str(p)))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value")
     # one layer per override: a later one may replace a split by a list of corpora
-    layers += [OmegaConf.from_dotlist([item]) for item in overrides]
+    layers += [_former_keys(OmegaConf.from_dotlist([item]), repr(item)) for item in overrides]
     try:
         return _merge(*layers)
     except ConfigError as e:

@@ -179,11 +179,35 @@ class Ensemble:
         return self._mix([m(batch, bos_id=bos_id) for m in self.models])
 
 
+@dataclasses.dataclass(frozen=True)
+class EnsembleDef:
+    """The static half of an ensemble, as ``nnx.split`` gives a model's ``graphdef``: one
+    graphdef per member, in order; its parameters are the tuple of the members' parameters.
+    Hashable, so it is a static argument of the compiled searches like a graphdef.
+
+    Attributes:
+      members: the members' graphdefs (at least one).
+    """
+
+    members: tuple[Any, ...]
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def merge(self, params: Sequence[Any]) -> Ensemble:
+        """The ``Ensemble`` of the members with ``params`` (one entry per member)."""
+        return Ensemble([nnx.merge(g, p) for g, p in zip(self.members, params, strict=True)])
+
+
+def ensemble_size(graphdef: Any) -> int:
+    """Models behind ``graphdef``: its members for an ``EnsembleDef``, else 1."""
+    return len(graphdef) if isinstance(graphdef, EnsembleDef) else 1
+
+
 def merge_models(graphdef: Any, params: Any) -> Any:
-    """``nnx.merge`` of one model, or an ``Ensemble`` when ``graphdef`` and ``params`` are
-    tuples (one entry per model, in the same order)."""
-    if isinstance(graphdef, tuple):
-        return Ensemble([nnx.merge(g, p) for g, p in zip(graphdef, params, strict=True)])
+    """``nnx.merge`` of one model, or the ``Ensemble`` of an ``EnsembleDef``."""
+    if isinstance(graphdef, EnsembleDef):
+        return graphdef.merge(params)
     return nnx.merge(graphdef, params)
 
 
@@ -292,11 +316,12 @@ def length_penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.A
     raise ValueError(f"unknown length penalty {kind!r}; choose gnmt, plain or none")
 
 
-def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+def check_sampling(temperature: float, top_k: int, top_p: float, epsilon: float = 0.0) -> None:
     """Validate sampling options.
 
     Raises:
-      ValueError: ``temperature`` ≤ 0, ``top_k`` < 0 or ``top_p`` outside (0, 1].
+      ValueError: ``temperature`` ≤ 0, ``top_k`` < 0, ``top_p`` outside (0, 1] or ``epsilon``
+        outside [0, 1).
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -304,6 +329,8 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
         raise ValueError(f"top_k must be ≥ 0 (0 = off), got {top_k}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
+    if not 0 <= epsilon < 1:
+        raise ValueError(f"epsilon must be in [0, 1) (0 = off), got {epsilon}")
 
 
 def _check_search(max_len: int, min_length: int, alpha: float, kind: str) -> None:
@@ -319,16 +346,23 @@ def _check_search(max_len: int, min_length: int, alpha: float, kind: str) -> Non
 
 
 def filter_logits(
-    logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+    logits: jax.Array,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    epsilon: float = 0.0,
 ) -> jax.Array:
-    """The sampling distribution: temperature, then top-k, then top-p (nucleus) filtering.
+    """The sampling distribution: temperature, then epsilon, top-k and top-p filtering.
 
-    Temperature divides the logits (Ackley et al. 1985). Top-k keeps the ``top_k`` most probable
-    tokens (Fan et al. 2018). Top-p keeps the smallest set of most probable tokens whose
-    probability, renormalised after top-k, sums to at least ``top_p`` (Holtzman et al. 2020,
-    eq. 2): a token is kept when the probability of the strictly more probable tokens is
-    < ``top_p``, so the most probable token is always kept. Tokens tied with the last kept one
-    are kept too.
+    Temperature divides the logits (Ackley et al. 1985). Epsilon sampling drops the tokens whose
+    probability (after temperature) is below ``epsilon`` (Hewitt et al. 2022), never the most
+    probable one; it gives MBR's candidates (Freitag et al. 2023, ε = 0.02). Top-k keeps the
+    ``top_k`` most probable tokens (Fan et al. 2018). Top-p keeps the smallest set of most
+    probable tokens whose probability, renormalised after top-k, sums to at least ``top_p``
+    (Holtzman et al. 2020, eq. 2): a token is kept when the probability of the strictly more
+    probable tokens is < ``top_p``, so the most probable token is always kept. Tokens tied with
+    the last kept one are kept too.
 
     Args:
       logits: float ``[..., vocab]``; tokens already excluded carry a value ≤ ``NEG_INF / 2``
@@ -336,6 +370,7 @@ def filter_logits(
       temperature: > 0; 1 leaves the distribution as it is.
       top_k: tokens kept, 0 = all (static).
       top_p: probability mass kept, in (0, 1]; 1 = all (static).
+      epsilon: probability floor in [0, 1); 0 = off (static).
 
     Returns:
       float32 ``[..., vocab]``: ``logits / temperature`` on kept tokens, ``NEG_INF`` elsewhere;
@@ -344,9 +379,13 @@ def filter_logits(
     Raises:
       ValueError: an option is out of range (``check_sampling``).
     """
-    check_sampling(temperature, top_k, top_p)
+    check_sampling(temperature, top_k, top_p, epsilon)
     logits = jnp.asarray(logits, jnp.float32)
     x = jnp.where(logits <= NEG_INF / 2, NEG_INF, logits / temperature)
+    if epsilon > 0:
+        probs = jax.nn.softmax(x, axis=-1)
+        top = jnp.max(probs, axis=-1, keepdims=True)
+        x = jnp.where((probs >= epsilon) | (probs >= top), x, NEG_INF)
     if 0 < top_k < x.shape[-1]:
         kth = jax.lax.top_k(x, top_k)[0][..., -1:]
         x = jnp.where(x >= kth, x, NEG_INF)
@@ -820,13 +859,15 @@ def sample(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    epsilon: float = 0.0,
     min_length: int = 0,
     alpha: float = 0.0,
     length_penalty_kind: str = "gnmt",
     unk_id: int = -1,
     prefix: jax.Array | None = None,
 ) -> BeamResult:
-    """Ancestral sampling with temperature, top-k and top-p (Holtzman et al. 2020, §3.1).
+    """Ancestral sampling with temperature, epsilon, top-k and top-p (Holtzman et al. 2020,
+    §3.1).
 
     At each step the token is drawn from ``filter_logits`` of the model's logits after the
     length rules (module docstring) have removed the banned tokens. Sample ``j`` of sentence
@@ -839,7 +880,7 @@ def sample(
         unk_id, prefix: as ``beam_search``.
       keys: uint32 ``[batch, 2]`` one PRNG key per sentence (``sentence_keys``).
       num_samples: independent samples per sentence (static).
-      temperature, top_k, top_p: as ``filter_logits`` (static).
+      temperature, top_k, top_p, epsilon: as ``filter_logits`` (static).
       alpha, length_penalty_kind: only to compute ``scores`` (and the order of the samples).
 
     Returns:
@@ -851,13 +892,15 @@ def sample(
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be ≥ 1, got {num_samples}")
-    check_sampling(temperature, top_k, top_p)
+    check_sampling(temperature, top_k, top_p, epsilon)
     _check_search(max_len, min_length, alpha, length_penalty_kind)
     sample_keys = jax.vmap(lambda key: jax.random.split(key, num_samples))(keys).reshape(-1, 2)
 
     def choose(logits, i):
         step_keys = jax.vmap(jax.random.fold_in, (0, None))(sample_keys, i)
-        filtered = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+        filtered = filter_logits(
+            logits, temperature=temperature, top_k=top_k, top_p=top_p, epsilon=epsilon
+        )
         return jax.vmap(jax.random.categorical)(step_keys, filtered)
 
     tokens, lengths, logp = _ancestral(
@@ -935,6 +978,7 @@ def greedy_search_jit(params, src, src_segments, max_lengths, prefix=None, *, gr
         "temperature",
         "top_k",
         "top_p",
+        "epsilon",
         "min_length",
         "alpha",
         "length_penalty_kind",

@@ -150,8 +150,10 @@ def ctranslate2_options(
       ExportError: ``decode.length_penalty=gnmt`` ((5+|Y|)/6)^α, which CTranslate2 (≥ 3) lacks,
         or sampling.
     """
-    if decode.sampling:
-        raise ExportError("decode.sampling: the comparison is for beam/greedy search")
+    if decode.search not in ("beam", "greedy"):
+        raise ExportError(
+            f"decode.search={decode.search}: the comparison is for beam or greedy search"
+        )
     if decode.length_penalty == "gnmt" and decode.alpha != 0:
         raise ExportError(
             "decode.length_penalty=gnmt ((5+|Y|)/6)^alpha has no CTranslate2 counterpart "
@@ -159,7 +161,7 @@ def ctranslate2_options(
         )
     target = tokenizer.target
     return dict(
-        beam_size=decode.beam_size,
+        beam_size=1 if decode.search == "greedy" else decode.beam_size,
         length_penalty=0.0 if decode.length_penalty == "none" else decode.alpha,
         min_decoding_length=decode.min_length,
         disable_unk=not decode.allow_unk,

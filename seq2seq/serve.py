@@ -45,6 +45,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from seq2seq.alignment import cross_attention
+from seq2seq.decoding import ensemble_size
 from seq2seq.translation import Hypothesis, Translator
 
 log = logging.getLogger(__name__)
@@ -272,9 +273,9 @@ class Service:
         max_batch: int = 64,
         info: dict[str, Any] | None = None,
     ):
-        cfg = translator.config
         limits = limits or Limits()
-        cap = limits.max_nbest if cfg.sampling else min(limits.max_nbest, cfg.beam_size)
+        most = translator.strategy.max_nbest()  # None: any number of samples
+        cap = limits.max_nbest if most is None else min(limits.max_nbest, most)
         self.limits = Limits(limits.max_sentences, limits.max_body_bytes, max(1, cap))
         self.translator, self.src_lang, self.tgt_lang = translator, src_lang, tgt_lang
         self.info = dict(info or {})
@@ -406,7 +407,7 @@ class Service:
             raise RequestError(422, f"'q' must be a string, got {_type_name(payload['q'])}")
         if not payload["q"].strip():
             raise RequestError(400, "'q' is empty: there is no attention to show")
-        if isinstance(self.translator.graphdef, tuple):
+        if ensemble_size(self.translator.graphdef) > 1:
             raise RequestError(400, "this server decodes with an ensemble: no one attention")
         top = self.limits.max_nbest
         extra = _count(payload, "alternatives", 0, 0, top - 1, "the beam size minus 1")
@@ -431,13 +432,12 @@ class Service:
         )
 
     async def health(self, request: Request) -> Response:
-        cfg = self.translator.config
         return JSONResponse(
             {
                 "status": "ok",
                 "source": self.src_lang,
                 "target": self.tgt_lang,
-                "search": "sampling" if cfg.sampling else f"beam {cfg.beam_size}",
+                "search": self.translator.strategy.label(),
                 "max_sentences": self.limits.max_sentences,
                 "max_tokens_per_sentence": self.translator.max_src_len,
                 "max_nbest": self.limits.max_nbest,

@@ -19,6 +19,7 @@ import numpy as np
 
 from seq2seq.config import Config, DecodeConfig, load_config, replace, save_config
 from seq2seq.data.tokenizer import Tokenizer, TokenizerPair, load_pair, model_names, vocab_path
+from seq2seq.decoding import EnsembleDef
 from seq2seq.training.checkpoints import Checkpointer, CheckpointError
 from seq2seq.training.step import abstract_train_state
 from seq2seq.workdir import checkpoint_dir, checkpoint_steps, config_path
@@ -134,8 +135,9 @@ def load_ensemble(
       matmul_dtype: as ``load_trained``, for every member.
 
     Returns:
-      ``(configs, tokenizer of the first, graphdefs, params)``, one entry per member: the
-      ``Translator`` decodes the tuples as a ``seq2seq.decoding.Ensemble``.
+      ``(configs, tokenizer of the first, graphdef, params)``: the ensemble as one model, its
+      ``seq2seq.decoding.EnsembleDef`` and the tuple of the members' parameters (the
+      ``Translator`` decodes it as a ``seq2seq.decoding.Ensemble``).
 
     Raises:
       ValueError: the members do not share the vocabularies (``check_same_vocabulary``).
@@ -148,7 +150,7 @@ def load_ensemble(
     return (
         [c for c, _, _, _ in loaded],
         tokenizer,
-        tuple(g for _, _, g, _ in loaded),
+        EnsembleDef(tuple(g for _, _, g, _ in loaded)),
         tuple(p for _, _, _, p in loaded),
     )
 

@@ -7,9 +7,10 @@ full budget), so that few shapes are compiled; results come back in input order.
 all-whitespace) line gives one empty hypothesis without decoding. Sources longer than
 ``max_src_len`` tokens are truncated with a warning naming the line, or rejected.
 
-Decoding is beam search, greedy search (beam 1) or sampling (``seq2seq/decoding.py`` has the
-rules). Sampling is seeded per line (``sentence_keys(seed, line_index)``), so a line's samples do
-not depend on the batching or on the other lines. Decoding runs on a ``Partitioner``'s mesh (one
+Decoding is the strategy ``decode.search`` names (``seq2seq.search``: beam, greedy, sampling or
+MBR; ``seq2seq/decoding.py`` has the rules). Sampling is seeded per line
+(``sentence_keys(seed, line_index)``), so a line's samples do not depend on the batching or on
+the other lines. Decoding runs on a ``Partitioner``'s mesh (one
 device by default): sentences split over ``data × fsdp``, parameters placed by the rules.
 """
 
@@ -28,16 +29,8 @@ from tqdm.auto import tqdm
 from seq2seq.config import DecodeConfig
 from seq2seq.data.pipeline import unknown_rate
 from seq2seq.data.tokenizer import Tokenizer, TokenizerPair
-from seq2seq.decoding import (
-    LENGTH_PENALTIES,
-    beam_search_jit,
-    check_sampling,
-    greedy_search_jit,
-    length_penalty,
-    sample_jit,
-    sentence_keys,
-    target_logprobs_jit,
-)
+from seq2seq.decoding import LENGTH_PENALTIES, check_sampling, length_penalty, target_logprobs_jit
+from seq2seq.search import Rules, strategy
 from seq2seq.sharding import Partitioner
 
 log = logging.getLogger(__name__)
@@ -125,8 +118,12 @@ def check_decode_config(config: DecodeConfig) -> None:
         problems.append(f"decode.min_length must be ≥ 0, got {config.min_length}")
     if config.max_tokens < 1:
         problems.append(f"decode.max_tokens must be ≥ 1, got {config.max_tokens}")
+    if config.mbr_size < 2:
+        problems.append(
+            f"decode.mbr_size must be ≥ 2 (candidates per sentence), got {config.mbr_size}"
+        )
     try:
-        check_sampling(config.temperature, config.top_k, config.top_p)
+        check_sampling(config.temperature, config.top_k, config.top_p, config.epsilon)
     except ValueError as e:
         problems.append(f"decode.{e}")
     if problems:
@@ -141,7 +138,8 @@ class Translator:
         them, one entry per model, for an ensemble (``seq2seq.decoding.Ensemble``: the models
         must share ``tokenizer``'s vocabularies).
       tokenizer: the run's SentencePiece tokenizer (gives PAD/BOS/EOS ids).
-      config: decoding options (search, α, length limits, sampling, token budget).
+      config: decoding options (``decode.search`` names the strategy, ``self.strategy``; α,
+        length limits, sampling, token budget).
       max_src_len: source limit in tokens, EOS included (≥ 2).
       on_long: a longer source is ``truncate``-d to its first ``max_src_len - 1`` tokens plus
         EOS (with a warning naming the line) or makes ``translate`` ``reject`` the input.
@@ -172,6 +170,7 @@ class Translator:
         if on_long not in ON_LONG:
             raise ValueError(f"on_long must be one of {', '.join(ON_LONG)}, got {on_long!r}")
         self.graphdef, self.tokenizer, self.config = graphdef, tokenizer, config
+        self.strategy = strategy(config)
         self.max_src_len, self.on_long = max_src_len, on_long
         self.partitioner = partitioner or Partitioner.single_device()
         self._param_shardings = self.partitioner.shardings(params)
@@ -192,8 +191,8 @@ class Translator:
 
         Args:
           lines: source sentences.
-          nbest: hypotheses per line, best first: ≤ beam size for beam search; the number of
-            independent samples when sampling.
+          nbest: hypotheses per line, best first: at most the strategy's ``max_nbest()`` (the
+            beam size; 1 for greedy; MBR's candidates), any number of independent samples.
           progress: show a progress bar (stderr), or advance this ``tqdm`` bar by each
             decoded line.
           source: the file ``lines`` come from, named with the line in the messages about
@@ -219,9 +218,9 @@ class Translator:
             (``decode.max_len_a``·|x| + ``decode.max_len_b``; the message names the line).
         """
         cfg = self.config
-        limit = cfg.beam_size if not cfg.sampling else None
+        limit = self.strategy.max_nbest()
         if nbest < 1 or (limit is not None and nbest > limit):
-            raise ValueError(f"nbest={nbest} must be between 1 and the beam size {cfg.beam_size}")
+            raise ValueError(f"nbest={nbest} must be between 1 and {self.strategy.nbest_bound()}")
         prefix_ids = (
             None if prefixes is None else self.check_prefixes(lines, prefixes, prefix_source)
         )
@@ -350,9 +349,11 @@ class Translator:
             )
 
     def _run(self, search, inputs: list[np.ndarray], **static):
-        """``search(params, *inputs, **static)`` on the partitioner's mesh, compiled once per
-        search, options, parameter layout and input shape (shared by every ``Translator`` of
-        the process: another run or checkpoint of the same model reuses the executables)."""
+        """``search(params, *inputs, graphdef=self.graphdef, **static)`` on the partitioner's
+        mesh, compiled once per search, options, parameter layout and input shape (shared by
+        every ``Translator`` of the process: another run or checkpoint of the same model reuses
+        the executables)."""
+        static.setdefault("graphdef", self.graphdef)
         shardings = jax.tree.flatten(self._param_shardings)
         key = (search, tuple(sorted(static.items())), shardings[1], tuple(shardings[0]))
         if key not in _EXECUTABLES:
@@ -376,49 +377,36 @@ class Translator:
             line_ids[r] = first_line + i  # the line number in the file seeds its samples
         max_len = cfg.output_limit(width)  # the bucket's: every row's limit fits in it
         max_lengths = np.array([min(cfg.output_limit(int(n)), max_len) for n in lengths])
-        inputs = [src, (src != tok.pad_id).astype(np.int32), max_lengths.astype(np.int32)]
+        src_rows = [src, (src != tok.pad_id).astype(np.int32)]
         prefix = None
         if prefix_ids is not None:  # [rows, max_len]: no new shape, PAD after each prefix
             prefix = np.full((rows, max_len), tok.pad_id, np.int32)
             for r, (_, i, _) in enumerate(chunk):
                 prefix[r, : len(prefix_ids[i])] = prefix_ids[i]
-        common = dict(
-            graphdef=self.graphdef,
+        rules = Rules(
             max_len=max_len,
+            max_lengths=max_lengths.astype(np.int32),
             bos_id=tok.bos_id,
             eos_id=tok.eos_id,
             pad_id=tok.pad_id,
             min_length=cfg.min_length,
-            unk_id=-1 if cfg.allow_unk else tok.unk_id,
-        )  # never " ⁇ " by default
-        scoring = dict(alpha=cfg.alpha, length_penalty_kind=cfg.length_penalty)
-        if cfg.sampling:
-            inputs.append(np.asarray(sentence_keys(cfg.seed, line_ids)))
-            inputs += [] if prefix is None else [prefix]
-            out = self._run(
-                sample_jit,
-                inputs,
-                num_samples=nbest,
-                temperature=cfg.temperature,
-                top_k=cfg.top_k,
-                top_p=cfg.top_p,
-                **common,
-                **scoring,
-            )
-            tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
-            logprobs, scores = np.asarray(out.logprobs), np.asarray(out.scores)
-        elif cfg.beam_size == 1:
-            inputs += [] if prefix is None else [prefix]
-            out_tokens, out_logp = self._run(greedy_search_jit, inputs, **common)
-            tokens = np.asarray(out_tokens)[:, None]
-            lens = (tokens != tok.pad_id).sum(-1)
-            logprobs = np.asarray(out_logp)[:, None]
-            scores = logprobs / np.asarray(length_penalty(lens, cfg.alpha, cfg.length_penalty))
-        else:
-            inputs += [] if prefix is None else [prefix]
-            out = self._run(beam_search_jit, inputs, beam_size=cfg.beam_size, **common, **scoring)
-            tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
-            logprobs, scores = np.asarray(out.logprobs), np.asarray(out.scores)
+            unk_id=-1 if cfg.allow_unk else tok.unk_id,  # never " ⁇ " by default
+            prefix=prefix,
+        )
+        found = self.strategy.search(self._run, src_rows, rules, line_ids=line_ids, nbest=nbest)
+        if self.strategy.chooses_texts:  # MBR: among the candidates' texts
+            texts = [
+                tok.decode(
+                    [
+                        [int(x) for x in t[: n - 1]]
+                        for t, n in zip(found.tokens[r], found.lengths[r])
+                        if n
+                    ]
+                )
+                for r in range(len(chunk))
+            ]
+            found = self.strategy.choose(texts, found)
+        tokens, lens, logprobs, scores = found
         for r, (_, i, _) in enumerate(chunk):
             hyps = []
             for j in range(min(nbest, tokens.shape[1])):

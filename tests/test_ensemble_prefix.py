@@ -12,6 +12,7 @@ from test_decoding import IDS, MAX_LEN, SRCS, hypotheses, pad_batch, run_beam, t
 
 from seq2seq.decoding import (
     Ensemble,
+    EnsembleDef,
     beam_search,
     beam_search_jit,
     greedy_search,
@@ -198,14 +199,14 @@ def test_prefix_greedy_and_sampling_start_with_it_and_score_it():
 
 @pytest.mark.slow  # ~15 s of compiling; the translate command checks the same to print precision
 def test_an_ensemble_of_a_model_with_itself_is_the_model():
-    """Through the jitted searches on the tiny Transformer ((graphdef, params) tuples)."""
+    """Through the jitted searches on the tiny Transformer (an ``EnsembleDef`` of two)."""
     graphdef, params = tiny_model(seed=3, scale=2.0, eos_bias=2.0)
     src, segs = pad_batch(SRCS)
     limits = jnp.full((len(SRCS),), MAX_LEN, jnp.int32)
     options = dict(beam_size=3, max_len=MAX_LEN, alpha=0.6, **IDS)
     one = run_beam(graphdef, params, SRCS, beam=3, max_len=MAX_LEN, alpha=0.6)
     two = beam_search_jit(
-        (params, params), src, segs, limits, graphdef=(graphdef, graphdef), **options
+        (params, params), src, segs, limits, graphdef=EnsembleDef((graphdef, graphdef)), **options
     )
     assert hypotheses(one.tokens, one.lengths) == hypotheses(two.tokens, two.lengths)
     np.testing.assert_allclose(np.asarray(one.scores), np.asarray(two.scores), atol=1e-5)

@@ -42,6 +42,7 @@ CHAINS: dict[str, dict] = {
         "tokenizer.model_type": "unigram",
         "format": "text",
         "decode.length_penalty": "gnmt",
+        "decode.search": "beam",
         "decode.beam_size": 3,
         "train.dev_bleu": True,
         "train.best_metric": "bleu",
@@ -104,7 +105,7 @@ CHAINS: dict[str, dict] = {
         "format": "jsonl",
         "decode.length_penalty": "gnmt",
         "train.keep_best": False,
-        "decode.sampling": True,
+        "decode.search": "sampling",
         "decode.top_k": 5,  # the final test decode samples too
         "tokenizer.user_defined_symbols": "[<2es>]",
         "translate": [
@@ -131,7 +132,23 @@ CHAINS: dict[str, dict] = {
         "tokenizer.model_type": "unigram",
         "format": "disk",
         "decode.length_penalty": "plain",
-        "translate": ["--beam", "2", "--max-src-tokens", "8", "--on-long", "truncate"],
+        "decode.search": "mbr",  # the test decode and seq2seq-evaluate: MBR of 4 samples
+        "decode.mbr_size": 4,
+        "decode.epsilon": 0.02,
+        "translate": [
+            "--search",
+            "mbr",
+            "--mbr-candidates",
+            "beam",
+            "--mbr-size",
+            "3",
+            "--nbest",
+            "2",
+            "--max-src-tokens",
+            "8",
+            "--on-long",
+            "truncate",
+        ],
     },
     "none": {
         "model.positions": "none",
@@ -144,7 +161,8 @@ CHAINS: dict[str, dict] = {
         "format": "hub",
         "decode.length_penalty": "none",
         "train.patience": 5,
-        "translate": ["--beam", "3", "--nbest", "3"],
+        "decode.search": "greedy",
+        "translate": ["--search", "beam", "--beam", "3", "--nbest", "3"],
     },
     # light chains (seq2seq-train alone, its test decode is the beam search with the KV
     # cache): the position schemes of the chains above again, in the other dtype

@@ -6,6 +6,7 @@ import re
 from test_matrix import CHAINS
 from tiny_run import ROOT
 
+from seq2seq import config
 from seq2seq.config import GPU_ONLY_CHOICES, MODEL_CHOICES
 from seq2seq.data.sources import FORMATS
 from seq2seq.data.tokenizer import MODEL_TYPES, NORMALIZATIONS
@@ -17,6 +18,7 @@ CHOICES = {
     "tokenizer.model_type": MODEL_TYPES,
     "tokenizer.normalization": NORMALIZATIONS,
     "decode.length_penalty": LENGTH_PENALTIES,
+    "decode.search": config.choices("decode.search"),
     "train.schedule": SCHEDULES,
 }
 

@@ -42,7 +42,7 @@ LINES = [
 LONG = ["Tom is here.", "I can't eat chicken.", "Yes.", "Él no está aquí."]
 # short outputs (a·|x| + b with a = 0.5) keep the decodes cheap
 DECODE = DecodeConfig(beam_size=3, alpha=0.6, max_len_a=0.5, max_len_b=4, max_tokens=4096)
-SAMPLING = replace(DECODE, sampling=True, temperature=1.0, top_k=20, seed=1)
+SAMPLING = replace(DECODE, search="sampling", temperature=1.0, top_k=20, seed=1)
 
 
 def tiny_parts(tokenizer_path, eos_bias=0.0):
@@ -409,7 +409,7 @@ def test_translate_command_options_reach_the_translator(run, monkeypatch, capsys
             alpha=1.0,
             min_length=2,
             max_tokens=100,
-            sampling=True,
+            search="sampling",
             temperature=0.7,
             top_k=7,
             top_p=0.9,
