@@ -652,7 +652,7 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
                 h[0].text for h in translator.translate(sources, progress=True, source=args.src)
             ]
             seconds = max(time.perf_counter() - start, 1e-9)
-            timings.append((name, len(hyps), seconds, translator.strategy.describe()))
+            timings.append((name, len(hyps), seconds, opened.strategy.describe()))
             systems.append((name, hyps))
         ref_name = args.ref or "test references"
         scores: object = None

@@ -323,9 +323,9 @@ def export_run(
       ExportError: unknown format, ``out`` exists (without ``overwrite``) or is the run itself,
         quantization with safetensors, or a model CTranslate2 cannot express.
       MissingDependency: the format's package is not installed.
-      FileNotFoundError / CheckpointError: from ``seq2seq.trained.load_trained``.
+      FileNotFoundError / CheckpointError: from ``seq2seq.inference.open_run``.
     """
-    from seq2seq.trained import load_trained
+    from seq2seq.inference import open_run
 
     if to not in FORMATS:
         raise ExportError(f"--to must be one of {', '.join(FORMATS)}; got {to!r}")
@@ -336,7 +336,8 @@ def export_run(
         raise ExportError(f"{out} already exists and is not empty; choose another or overwrite")
     if quantization and to != "ctranslate2":
         raise ExportError("--quantization applies to --to ctranslate2 only")
-    config, tokenizer, _, params = load_trained(workdir, step)
+    opened = open_run([(workdir, step)])
+    config, tokenizer, params = opened.config, opened.tokenizer, opened.params
     _require("ctranslate2" if to == "ctranslate2" else "safetensors")
     score = _test_score(workdir)
     if to == "ctranslate2":

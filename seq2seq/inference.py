@@ -17,13 +17,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from seq2seq import trained
+from seq2seq import trained, translation
 from seq2seq.config import Config, DecodeConfig, MeshConfig, check_position_limits, replace
 from seq2seq.data.pipeline import MIN_DECODE_SOURCE_LEN, decode_source_limit
 from seq2seq.data.tokenizer import TokenizerPair
 from seq2seq.decoding import ensemble_size
+from seq2seq.search import Strategy, strategy
 from seq2seq.sharding import MeshError, Partitioner
-from seq2seq.translation import Translator
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,11 @@ class Opened:
         return self.configs[0]
 
     @property
+    def strategy(self) -> Strategy:
+        """The search ``decode.search`` names, with its options (``seq2seq.search``)."""
+        return strategy(self.decode)
+
+    @property
     def models(self) -> int:
         """Models behind it: 1, or an ensemble's members."""
         return ensemble_size(self.graphdef)
@@ -94,7 +99,7 @@ class Opened:
         max_src_tokens: int | None = None,
         on_long: str = "truncate",
         partitioner: Partitioner | None = None,
-    ) -> Translator:
+    ) -> translation.Translator:
         """A ``Translator`` of the model on ``partitioner`` (default: ``partitioner_for(config)``).
 
         Args:
@@ -118,7 +123,7 @@ class Opened:
                     f"{MIN_DECODE_SOURCE_LEN}) up to model.max_len",
                     capped=True,
                 )
-        return Translator(
+        return translation.Translator(
             self.graphdef,
             self.params,
             self.tokenizer,

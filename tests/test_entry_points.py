@@ -11,6 +11,7 @@ from tiny_run import ROOT, cli_env
 from seq2seq import cli
 from seq2seq.__main__ import COMMANDS, main
 from seq2seq.config import load_config
+from seq2seq.inference import partitioner_for
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -52,6 +53,6 @@ def test_params_of_every_shipped_config(path, capsys):
 
 def test_decoding_falls_back_to_data_parallel_when_the_runs_mesh_does_not_fit():
     config = load_config(None, ["mesh.data=1", "mesh.fsdp=8"])  # an 8-device run, here 1 device
-    p = cli._partitioner(config)
+    p = partitioner_for(config)
     assert dict(p.mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
-    assert dict(cli._partitioner(load_config(None, [])).mesh.shape)["data"] == 1
+    assert dict(partitioner_for(load_config(None, [])).mesh.shape)["data"] == 1

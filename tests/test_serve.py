@@ -57,7 +57,7 @@ def run_dir(tmp_path_factory):
 
 def _translator(run_dir, *options):
     args = cli._decode_parser("t", "").parse_args(["--workdir", str(run_dir), *options])
-    return cli._translator(args, *cli._load(args))
+    return cli._translator(args, cli._load(args))
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from flax import nnx
 from tiny_run import xla_flags
 
 from seq2seq import cli
-from seq2seq import translation as translation_module
+from seq2seq import search as search_module
 from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig
 from seq2seq.data.tokenizer import Tokenizer, train_or_load
 from seq2seq.decoding import length_penalty
@@ -139,7 +139,7 @@ def test_empty_lines_give_empty_output_without_decoding(parts, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("nothing should be decoded")
 
-    monkeypatch.setattr(translation_module, "beam_search_jit", fail)
+    monkeypatch.setattr(search_module, "beam_search_jit", fail)
     empty = Hypothesis("", (), 0.0, 0.0)
     assert translator(parts).translate(["", "  ", "\t"], nbest=2) == [[empty]] * 3
     assert translator(parts).translate([]) == []
