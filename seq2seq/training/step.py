@@ -160,7 +160,8 @@ def split_trainable(params: Any, lora: bool) -> tuple[Any, Any]:
     adapters (``nnx.LoRAParam``) and everything else, else ``(params, None)``."""
     if not lora:
         return params, None
-    return nnx.split_state(params, nnx.LoRAParam, ...)
+    adapters, frozen = nnx.split_state(params, nnx.LoRAParam, ...)
+    return adapters, frozen
 
 
 def base_params(params: Any) -> Any:
