@@ -431,6 +431,17 @@ class TrainConfig:
         0 = off. When on, dev evaluation, the best checkpoint, the test decode and
         ``seq2seq-translate``/``seq2seq-evaluate`` of the run use the EMA weights;
         checkpoints hold both.
+      lora_rank: rank r of low-rank adapters (LoRA, Hu et al. 2021) on the projections
+        ``lora_targets`` of a model started from ``init_from``; only the adapters train
+        (the base weights are frozen and get no optimizer state), and translate, evaluate,
+        score, serve, export, average and a later ``init_from`` read the run with the
+        adapters merged into the weights (``seq2seq/model/lora.py``). 0 = off (full
+        fine-tuning). At most ``model.d_model``; needs ``init_from``, refuses
+        ``init_optimizer``.
+      lora_alpha: the adapters' scale α: a projection computes x·W + (α / r)·x·A·B (> 0).
+      lora_targets: the projections that get adapters: ``query``, ``key``, ``value``,
+        ``out`` (every self- and cross-attention), ``wi``, ``wi_gate`` (gated activations
+        only), ``wo`` (the FFN), or the groups ``attention`` (the four) and ``ffn``.
       allow_config_change: resume a run whose saved ``config.yaml`` differs in a key that
         changes what the run is (model, tokenizer, training data, batch arithmetic, optimizer,
         schedule, seed); without it such a resume is refused (the keys whose rule is ``free``
@@ -468,6 +479,9 @@ class TrainConfig:
     init_from: str | None = rule(None, resume=FIXED)
     init_optimizer: bool = rule(False, resume=FIXED)
     ema_decay: float = rule(0.0, resume=FIXED)
+    lora_rank: int = rule(0, resume=FIXED)
+    lora_alpha: float = rule(16.0, resume=FIXED)
+    lora_targets: list[str] = rule(default_factory=lambda: ["attention"], resume=FIXED)
     allow_config_change: bool = rule(False, resume=FREE)
 
 

@@ -288,6 +288,8 @@ def train(run: Config | Resolved) -> dict[str, Any]:
         "decode_seconds": decode_seconds,
         "wall_seconds": time.perf_counter() - wall_start,
         "parameters": result.parameters,
+        "trainable_parameters": result.trainable,
+        "optimizer_moment_bytes": result.moment_bytes,
         "checkpoints": result.checkpoints,
         "discarded_checkpoints": result.discarded,
         "resume_note": result.resume_note,

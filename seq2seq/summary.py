@@ -112,6 +112,16 @@ def summary_markdown(workdir: str | Path, config: Config, summary: dict[str, Any
         f"| test decode | {_fmt(summary.get('decode_seconds'), '.0f')} s |",
         f"| wall time (this invocation) | {_minutes(summary.get('wall_seconds'))} |",
         f"| parameters | {_fmt(summary.get('parameters'), ',')} |",
+        *(
+            [
+                f"| trained parameters | {_fmt(summary.get('trainable_parameters'), ',')} "
+                f"(LoRA rank {t.lora_rank}, alpha {t.lora_alpha:g}, on "
+                f"{', '.join(t.lora_targets)}; Adam moments "
+                f"{_fmt(summary.get('optimizer_moment_bytes'), ',')} bytes) |"
+            ]
+            if t.lora_rank
+            else []
+        ),
         f"| skipped (non-finite) steps | {_fmt(summary.get('skipped_steps'))} |",
         "",
     ]

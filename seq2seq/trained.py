@@ -20,8 +20,9 @@ import numpy as np
 from seq2seq.config import Config, DecodeConfig, load_config, replace, save_config
 from seq2seq.data.tokenizer import Tokenizer, TokenizerPair, load_pair, model_names, vocab_path
 from seq2seq.decoding import EnsembleDef
+from seq2seq.model.lora import merged
 from seq2seq.training.checkpoints import Checkpointer, CheckpointError
-from seq2seq.training.step import abstract_train_state
+from seq2seq.training.step import abstract_train_state, make_optimizer
 from seq2seq.workdir import checkpoint_dir, checkpoint_steps, config_path
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,9 @@ def load_trained(
         (docs/design.md, "Scores and the batch"); float32 keeps it within ~1e-5.
 
     Returns:
-      ``(config, tokenizer, graphdef, params)``.
+      ``(config, tokenizer, graphdef, params)``. A run trained with LoRA adapters
+      (``train.lora_rank``) comes back as the plain model, its adapters merged into the
+      weights (``seq2seq.model.lora.merged``), and its config with ``train.lora_rank`` 0.
 
     Raises:
       FileNotFoundError: the directory has no config.yaml or no tokenizer.
@@ -66,7 +69,14 @@ def load_trained(
     finally:
         checkpointer.close()
     log.info("%s: the checkpoint of step %d", workdir, step)
-    return config, tokenizer, graphdef, state.eval_params  # the EMA when the run kept one
+    # the EMA when the run kept one; LoRA adapters folded into the weights
+    graphdef, params = merged(graphdef, state.eval_params)
+    return _plain(config), tokenizer, graphdef, params
+
+
+def _plain(config: Config) -> Config:
+    """``config`` of a run read with its LoRA adapters merged: ``train.lora_rank`` 0."""
+    return replace(config, **{"train.lora_rank": 0}) if config.train.lora_rank else config
 
 
 def _member_name(workdir: str | Path, step: int | None) -> str:
@@ -179,7 +189,10 @@ def average_checkpoints(
     The mean is taken elementwise in float64 and stored in the parameters' dtype. ``output``
     gets the run's config (``workdir`` pointing at ``output``), tokenizer and one checkpoint
     named after the newest averaged step, whose optimizer state, RNG and step are those of the
-    newest averaged checkpoint; its metadata records ``averaged_from``. ``seq2seq-translate``
+    newest averaged checkpoint; its metadata records ``averaged_from``. A run trained with
+    LoRA adapters is averaged with each checkpoint's adapters merged into its weights (the
+    mean of the products, not the product of the means): the output is a plain run
+    (``train.lora_rank`` 0) with a fresh optimizer state. ``seq2seq-translate``
     and ``seq2seq-evaluate`` read it with ``--workdir output``.
 
     Args:
@@ -230,23 +243,27 @@ def average_checkpoints(
         )
 
     config = load_config(config_path(workdir))
-    _, abstract = abstract_train_state(config)
+    graphdef, abstract = abstract_train_state(config)
     source = Checkpointer(checkpoint_dir(workdir), keep=None, async_save=False)
     try:
-        total, newest = None, None
+        total, newest, newest_plain = None, None, None
         meta: dict[str, Any] = {}
         for s in steps:
             state, meta = source.restore(abstract, s)
             # the weights decoded: the EMA when the run kept one (train.ema_decay)
-            params = jax.tree.map(lambda x: np.asarray(x, np.float64), state.eval_params)
+            plain = merged(graphdef, state.eval_params)[1]
+            params = jax.tree.map(lambda x: np.asarray(x, np.float64), plain)
             total = params if total is None else jax.tree.map(np.add, total, params)
-            newest = state
+            newest, newest_plain = state, plain
     finally:
         source.close()
     assert total is not None and newest is not None  # steps is not empty
-    mean = jax.tree.map(lambda t, p: (t / len(steps)).astype(p.dtype), total, newest.params)
+    mean = jax.tree.map(lambda t, p: (t / len(steps)).astype(p.dtype), total, newest_plain)
     mean = jax.tree.map(jax.numpy.asarray, mean)
     averaged = newest.replace(params=mean, ema=None if newest.ema is None else mean)
+    if config.train.lora_rank:  # the merged weights: a plain run and its optimizer state
+        config = _plain(config)
+        averaged = averaged.replace(opt_state=make_optimizer(config.train).init(mean))
 
     output.mkdir(parents=True, exist_ok=True)
     if overwrite and checkpoint_dir(output).exists():

@@ -250,6 +250,22 @@ CHAINS: dict[str, dict] = {
         "model.attention_kv_block": 12,
         "format": "text",
     },
+    # LoRA fine-tuning (train.lora_*, tests/test_lora.py): a parent run of the same model is
+    # trained first (2 steps), the chain starts from it with train.init_from; translate,
+    # evaluate and average read it with the adapters merged
+    "lora": {
+        "init_from": True,
+        "model.positions": "sinusoidal",
+        "model.dtype": "float32",
+        "model.activation": "swiglu",
+        "tokenizer.joint": True,
+        "format": "text",
+        "train.lora_rank": 2,
+        "train.lora_alpha": 4.0,
+        "train.lora_targets": "[attention,wi_gate,wo]",
+        "train.learning_rate": 1e-2,
+        "translate": ["--beam", "2"],
+    },
 }
 
 TRAIN, DEV, TEST = 400, 16, 6
@@ -412,6 +428,13 @@ def test_chain(name, tmp_path, capsys):
         "ready_models"
     ):  # tokenizer.(src_|tgt_)model_file: SentencePiece models made apart
         overrides += _ready_models(tmp_path / "spm", chain.get("tokenizer.joint", True))
+    if chain.get("init_from"):  # a parent of the same model without the train.lora_* keys
+        parent = tmp_path / "parent"
+        plain = {k: v for k, v in chain.items() if not k.startswith("train.lora_")}
+        parent_overrides = _overrides(parent, plain) + _write_data(tmp_path / "data", fmt)
+        assert cli.train_main(parent_overrides + ["train.steps=2"]) == 0, capsys.readouterr().err
+        overrides.append(f"train.init_from={parent}")
+        RAN.setdefault("train.init_from", set()).add("a trained run")
 
     # train 2 steps (checkpoint), then the same command with more steps resumes at 2
     assert cli.train_main(overrides + ["train.steps=2"]) == 0, capsys.readouterr().err
@@ -432,6 +455,10 @@ def test_chain(name, tmp_path, capsys):
     assert "test BLEU" in out and "nrefs:1|case:mixed" in out
     assert (workdir / "checkpoints" / "2").is_dir() and (workdir / "checkpoints" / "4").is_dir()
     assert [p.stat().st_mtime_ns for p in spm] == spm_mtimes  # the tokenizer was reused
+    if chain.get("train.lora_rank"):  # only the adapters trained: Adam moments for them alone
+        trained = summary["trainable_parameters"]
+        assert 0 < trained < summary["parameters"] / 5
+        assert summary["optimizer_moment_bytes"] == 8 * trained
 
     # translate with the chain's options (standard input for one chain, a file for the others)
     args = chain["translate"]

@@ -36,6 +36,7 @@ from flax import nnx
 
 from seq2seq import kernels
 from seq2seq.model.axes import logical
+from seq2seq.model.lora import Projection
 from seq2seq.model.positions import PositionBias, apply_rope
 from seq2seq.model.precision import linear_dot_general
 
@@ -488,7 +489,7 @@ class MultiHeadAttention(nnx.Module):
         dot_general = linear_dot_general(matmul_dtype)
 
         def proj(axes):
-            return nnx.Linear(
+            return Projection(
                 d_model,
                 d_model,
                 dtype=dtype,

@@ -17,6 +17,7 @@ from flax import nnx
 from seq2seq.config import ModelConfig
 from seq2seq.model.attention import MultiHeadAttention
 from seq2seq.model.axes import logical
+from seq2seq.model.lora import Projection
 from seq2seq.model.precision import linear_dot_general
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -81,7 +82,7 @@ class FeedForward(nnx.Module):
         dot_general = linear_dot_general(matmul_dtype)
 
         def inner():
-            return nnx.Linear(
+            return Projection(
                 d_model,
                 d_ff,
                 dtype=dtype,
@@ -93,7 +94,7 @@ class FeedForward(nnx.Module):
 
         self.wi = inner()
         self.wi_gate = inner() if activation in GATED else None
-        self.wo = nnx.Linear(
+        self.wo = Projection(
             d_ff,
             d_model,
             dtype=dtype,

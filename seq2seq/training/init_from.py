@@ -23,10 +23,18 @@ import jax
 import jax.numpy as jnp
 
 from seq2seq.config import FIXED, FREE, Config, ConfigError, ModelConfig, load_config, replace
-from seq2seq.model import build_model
+from seq2seq.model.lora import merged
 from seq2seq.sharding import Partitioner
 from seq2seq.training.checkpoints import Checkpointer, _path
-from seq2seq.training.step import abstract_train_state, create_train_state, make_optimizer
+from seq2seq.training.step import (
+    abstract_train_state,
+    base_params,
+    build_train_model,
+    create_train_state,
+    join_trainable,
+    make_optimizer,
+    split_trainable,
+)
 from seq2seq.workdir import checkpoint_dir, checkpoint_steps, config_path
 
 log = logging.getLogger(__name__)
@@ -140,8 +148,10 @@ def check_init_from(config: Config) -> Parent | None:
             )
     _, mine = abstract_train_state(parent_model(config, parent))
     _, theirs = abstract_train_state(parent.config)
-    shapes = {_path(k): v.shape for k, v in jax.tree_util.tree_flatten_with_path(theirs.params)[0]}
-    for k, v in jax.tree_util.tree_flatten_with_path(mine.params)[0]:
+    # the weights without adapters: a LoRA parent is read merged, a LoRA child adds its own
+    leaves = jax.tree_util.tree_flatten_with_path(base_params(theirs.params))[0]
+    shapes = {_path(k): v.shape for k, v in leaves}
+    for k, v in jax.tree_util.tree_flatten_with_path(base_params(mine.params))[0]:
         name = _path(k).replace(".value", "")
         if shapes.get(_path(k)) != v.shape:
             raise ConfigError(
@@ -163,6 +173,10 @@ def init_from_parent(
 ) -> tuple[Any, int]:
     """This run's initial TrainState from the parent's checkpoint, placed like ``abstract``.
 
+    A parent trained with LoRA adapters is read with them merged into its weights
+    (``seq2seq.model.lora.merged``); with ``train.lora_rank`` this run adds fresh adapters
+    (``B`` = 0: its first step computes what the parent computes).
+
     Returns:
       (the state at step 0, the optimizer updates already made: the parent's step with
       ``train.init_optimizer``, else 0).
@@ -171,7 +185,7 @@ def init_from_parent(
       CheckpointError: the parent's checkpoint cannot be read or does not match.
     """
     t = config.train
-    _, theirs = abstract_train_state(parent.config)
+    parent_graphdef, theirs = abstract_train_state(parent.config)
     checkpointer = Checkpointer(checkpoint_dir(parent.workdir), async_save=False)
     try:
         restored, _ = checkpointer.restore(partitioner.abstract(theirs), parent.step)
@@ -180,13 +194,16 @@ def init_from_parent(
     tx = make_optimizer(t)
 
     def init(loaded: Any) -> Any:
-        model = build_model(config.model, t.seed)
+        model = build_train_model(config)
         fresh = create_train_state(model, tx, t.seed, ema=t.ema_decay > 0)[1]
-        params = loaded.params
+        params = merged(parent_graphdef, loaded.params)[1]
+        if t.lora_rank:
+            params = join_trainable(split_trainable(fresh.params, True)[0], params)
+        trainable, _ = split_trainable(params, t.lora_rank > 0)
         return dataclasses.replace(
             fresh,
             params=params,
-            opt_state=loaded.opt_state if t.init_optimizer else tx.init(params),
+            opt_state=loaded.opt_state if t.init_optimizer else tx.init(trainable),
             ema=None if fresh.ema is None else jax.tree.map(jnp.copy, params),
         )
 

@@ -27,7 +27,8 @@ from seq2seq.config import Config, ConfigError
 from seq2seq.data.batching import MixedBatches, PackedBatches
 from seq2seq.data.pipeline import PreparedData
 from seq2seq.data.recipe import steps_for_time_budget
-from seq2seq.model import build_model
+from seq2seq.model.layers import GATED
+from seq2seq.model.lora import TARGETS as LORA_TARGETS
 from seq2seq.sharding import Partitioner, agree_on_steps, agree_to_stop, is_main_process
 from seq2seq.training.checkpoints import Checkpointer, discarded_message
 from seq2seq.training.early_stopping import MODES, BestTracker
@@ -36,11 +37,13 @@ from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.step import (
     SCHEDULES,
     abstract_train_state,
+    build_train_model,
     create_train_state,
     learning_rate_schedule,
     make_eval_step,
     make_optimizer,
     sharded_train_step,
+    train_size,
 )
 from seq2seq.workdir import checkpoint_dir
 
@@ -155,6 +158,54 @@ def check_train_config(config: Config) -> None:
     if t.test_checkpoint not in ("best", "last"):
         raise ConfigError(
             f"train.test_checkpoint must be 'best' or 'last', got {t.test_checkpoint!r}"
+        )
+    check_lora_config(config)
+
+
+def check_lora_config(config: Config) -> None:
+    """``train.lora_rank``, ``lora_alpha`` and ``lora_targets`` (``seq2seq/model/lora.py``).
+
+    Raises:
+      ConfigError: a negative rank or one above ``model.d_model``; with a rank, α ≤ 0, no or
+        an unknown target, ``wi_gate`` without a gated activation, no ``train.init_from``
+        (the adapters adapt a trained model) or ``train.init_optimizer`` (the parent's
+        moments are those of the full weights); the message names the key and value.
+    """
+    t, m = config.train, config.model
+    if t.lora_rank < 0:
+        raise ConfigError(f"train.lora_rank must be >= 0 (0 = off), got {t.lora_rank}")
+    targets = list(t.lora_targets)
+    unknown = [x for x in targets if x not in LORA_TARGETS]
+    if unknown:
+        raise ConfigError(
+            f"train.lora_targets: unknown projection {unknown[0]!r}; choose from "
+            f"{', '.join(LORA_TARGETS)}"
+        )
+    if not t.lora_rank:
+        return
+    if t.lora_rank > m.d_model:
+        raise ConfigError(
+            f"train.lora_rank={t.lora_rank} is above model.d_model={m.d_model}: an adapter of "
+            "full rank or more is no low-rank adaptation"
+        )
+    if not t.lora_alpha > 0:
+        raise ConfigError(f"train.lora_alpha must be > 0 (scale α / r), got {t.lora_alpha}")
+    if not targets:
+        raise ConfigError("train.lora_targets is empty: name the projections to adapt")
+    if "wi_gate" in targets and m.activation not in GATED:
+        raise ConfigError(
+            f"train.lora_targets names wi_gate, which model.activation={m.activation} lacks "
+            f"(gated activations only: {', '.join(GATED)})"
+        )
+    if not t.init_from:
+        raise ConfigError(
+            f"train.lora_rank={t.lora_rank} needs train.init_from: the adapters adapt a "
+            "trained model whose weights stay frozen"
+        )
+    if t.init_optimizer:
+        raise ConfigError(
+            f"train.lora_rank={t.lora_rank} with train.init_optimizer=true: the parent's Adam "
+            "moments are those of the full weights; set train.init_optimizer=false"
         )
 
 
@@ -368,7 +419,9 @@ class FitResult:
       graphdef / state: the model graph and the final TrainState.
       progress: counters, dev metrics and best/patience bookkeeping at the end.
       stopped: ``finished``, ``early_stopping`` or ``max_seconds``.
-      parameters: number of model parameters.
+      parameters: number of model parameters (LoRA adapters included).
+      trainable / moment_bytes: the parameters the optimizer updates and the bytes of its
+        Adam moments (``seq2seq.training.step.train_size``).
       checkpoints: steps of the checkpoints kept, ascending.
       best_checkpoint: the step of the kept best checkpoint, or None.
       test_params / test_step: the parameters chosen by ``train.test_checkpoint`` and their step.
@@ -389,6 +442,8 @@ class FitResult:
     partitioner: Partitioner
     discarded: list[int] = field(default_factory=list)
     resume_note: str = ""
+    trainable: int = 0
+    moment_bytes: int = 0
 
     @property
     def best(self) -> BestTracker:
@@ -409,7 +464,7 @@ def _load_or_init(config: Config, checkpointer: Checkpointer, partitioner: Parti
             return graphdef, state, None, offset
         state = partitioner.init_state(
             lambda: create_train_state(
-                build_model(config.model, t.seed), make_optimizer(t), t.seed, ema=t.ema_decay > 0
+                build_train_model(config), make_optimizer(t), t.seed, ema=t.ema_decay > 0
             )[1],
             abstract,
         )
@@ -503,13 +558,24 @@ def fit(
                 progress.step,
                 progress.steps(config),
             )
-        n_params = sum(x.size for x in jax.tree.leaves(state.params))
+        size = train_size(state)
+        n_params = size.parameters
         log.info(
             "model: %.2fM parameters; %d micro-batch(es) of %d rows x %d tokens per step",
             n_params / 1e6,
             tcfg.grad_accum_steps,
             data.train.rows,
             data.train.max_len,
+        )
+        log.info(
+            "trained: %s parameters (%.2f%%)%s; Adam moments %.2f MB",
+            f"{size.trainable:,}",
+            100.0 * size.trainable / max(n_params, 1),
+            f", LoRA rank {tcfg.lora_rank} (alpha {tcfg.lora_alpha:g}) on "
+            f"{', '.join(tcfg.lora_targets)}; the other weights frozen"
+            if tcfg.lora_rank
+            else "",
+            size.moment_bytes / 1e6,
         )
         state, stopped = _train_loop(
             config,
@@ -539,6 +605,8 @@ def fit(
             partitioner,
             checkpointer.discarded,
             resume_note,
+            size.trainable,
+            size.moment_bytes,
         )
 
 
@@ -788,6 +856,7 @@ def _train_loop(
         row_axis=1,
         ema_decay=tcfg.ema_decay,
         runtime_horizon=runtime_horizon,
+        lora=tcfg.lora_rank > 0,
     )
     evaluate_dev = dev_evaluator(graphdef, shardings.params, data, config, partitioner, dev_bleu)
     actions = default_actions(config, extra_actions)

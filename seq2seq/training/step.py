@@ -24,6 +24,7 @@ from flax import nnx
 
 from seq2seq.config import Config, TrainConfig, choices
 from seq2seq.model import build_model
+from seq2seq.model.lora import add_lora, has_lora
 from seq2seq.sharding import Partitioner
 
 Metrics = dict[str, jax.Array]
@@ -137,16 +138,55 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformationExtraArgs
     return optax.chain(*parts)
 
 
+def build_train_model(config: Config) -> nnx.Module:
+    """The model a run trains: ``build_model(config.model, train.seed)``, and with
+    ``train.lora_rank`` its adapters (``seq2seq.model.lora.add_lora``; their keys from
+    ``train.seed`` too, drawn apart from the model's)."""
+    t = config.train
+    model = build_model(config.model, t.seed)
+    if t.lora_rank:
+        add_lora(
+            model,
+            rank=t.lora_rank,
+            alpha=t.lora_alpha,
+            targets=t.lora_targets,
+            seed=jax.random.fold_in(jax.random.key(t.seed), 1),
+        )
+    return model
+
+
+def split_trainable(params: Any, lora: bool) -> tuple[Any, Any]:
+    """``(trainable, frozen)`` parts of a model's ``nnx.Param`` state: with ``lora`` the
+    adapters (``nnx.LoRAParam``) and everything else, else ``(params, None)``."""
+    if not lora:
+        return params, None
+    adapters, frozen = nnx.split_state(params, nnx.LoRAParam, ...)
+    return adapters, frozen
+
+
+def base_params(params: Any) -> Any:
+    """A model's ``nnx.Param`` state without its LoRA adapters (all of it when it has none)."""
+    return nnx.split_state(params, nnx.LoRAParam, ...)[1]
+
+
+def join_trainable(trainable: Any, frozen: Any) -> Any:
+    """The inverse of ``split_trainable``: the whole state, with the structure it had."""
+    return trainable if frozen is None else nnx.merge_state(frozen, trainable)
+
+
 def create_train_state(
     model: nnx.Module, tx: optax.GradientTransformation, seed: int, *, ema: bool = False
 ) -> tuple[nnx.GraphDef, TrainState]:
     """Split a model into its static graph and a fresh ``TrainState`` (``ema``: keep an EMA
-    of the weights, starting at the initial weights)."""
+    of the weights, starting at the initial weights). A model with LoRA adapters
+    (``seq2seq.model.lora``) trains only them: the optimizer state covers the adapters alone,
+    so no Adam moments exist for the frozen weights."""
     graphdef, params = nnx.split(model, nnx.Param)
+    trainable, _ = split_trainable(params, has_lora(model))
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
-        opt_state=tx.init(params),
+        opt_state=tx.init(trainable),
         rng=jax.random.key_data(jax.random.key(seed)),
         skipped=jnp.zeros((), jnp.int32),
         ema=jax.tree.map(jnp.copy, params) if ema else None,
@@ -167,7 +207,7 @@ def abstract_train_state(config: Config) -> tuple[nnx.GraphDef, TrainState]:
     holder = {}
 
     def init():
-        model = build_model(config.model, config.train.seed)
+        model = build_train_model(config)
         graphdef, state = create_train_state(
             model,
             make_optimizer(config.train),
@@ -179,6 +219,39 @@ def abstract_train_state(config: Config) -> tuple[nnx.GraphDef, TrainState]:
 
     state = jax.eval_shape(init)
     return holder["graphdef"], state
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedSize:
+    """What a run trains and what its optimizer holds (``train_size``).
+
+    Attributes:
+      parameters: every parameter of the model (adapters included).
+      trainable: the parameters the optimizer updates (the adapters alone with LoRA).
+      moment_bytes: bytes of the Adam moments (first and second, float32: 8 per trainable
+        parameter), the optimizer state without its scalar counts.
+    """
+
+    parameters: int
+    trainable: int
+    moment_bytes: int
+
+
+def train_size(state: TrainState) -> TrainedSize:
+    """``TrainedSize`` of a (real or abstract) ``TrainState``."""
+    lora = any(isinstance(v, nnx.LoRAParam) for v in jax.tree.leaves(state.params, is_leaf=_is_var))
+    trainable, _ = split_trainable(state.params, lora)
+    return TrainedSize(
+        parameters=sum(x.size for x in jax.tree.leaves(state.params)),
+        trainable=sum(x.size for x in jax.tree.leaves(trainable)),
+        moment_bytes=sum(
+            x.size * x.dtype.itemsize for x in jax.tree.leaves(state.opt_state) if x.ndim
+        ),
+    )
+
+
+def _is_var(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
 
 
 def cross_entropy(
@@ -250,9 +323,10 @@ def _cross_entropy_bwd(label_smoothing, residuals, cotangents):
 _cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 
 
-def _forward(params, graphdef, batch, bos_id, label_smoothing, dropout_key):
-    """Summed loss of one ``[rows, len]`` batch and its metric sums (the value to differentiate)."""
-    model = nnx.merge(graphdef, params)
+def _forward(params, graphdef, batch, bos_id, label_smoothing, dropout_key, frozen=None):
+    """Summed loss of one ``[rows, len]`` batch and its metric sums (the value to differentiate;
+    ``frozen``: the parameters not differentiated, see ``split_trainable``)."""
+    model = nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
     rngs = None if dropout_key is None else nnx.Rngs(dropout=dropout_key)
     logits = model(batch, bos_id=bos_id, deterministic=rngs is None, rngs=rngs)
     weights = batch["tgt_segments"] > 0
@@ -269,6 +343,7 @@ def accumulate_gradients(
     graphdef: nnx.GraphDef,
     bos_id: int,
     label_smoothing: float,
+    frozen: Any = None,
 ) -> tuple[Any, Metrics]:
     """Gradient of the per-token loss over all micro-batches of ``batch``.
 
@@ -281,6 +356,8 @@ def accumulate_gradients(
       batch: int32 arrays ``[accum, rows, max_len]`` (see ``seq2seq.data.batching``).
       dropout_key: typed PRNG key of this step; micro-batch i uses ``fold_in(key, i)``.
       graphdef, bos_id, label_smoothing: static configuration.
+      frozen: the rest of the model's parameters when ``params`` is only its trainable part
+        (``split_trainable``): used, not differentiated.
 
     Returns:
       (gradient, float32 metric sums ``loss``, ``nll``, ``correct``, ``tokens`` over all
@@ -293,7 +370,13 @@ def accumulate_gradients(
         grad_sum, sums = carry
         index, micro = xs
         grads, metrics = grad_fn(
-            params, graphdef, micro, bos_id, label_smoothing, jax.random.fold_in(dropout_key, index)
+            params,
+            graphdef,
+            micro,
+            bos_id,
+            label_smoothing,
+            jax.random.fold_in(dropout_key, index),
+            frozen,
         )
         return (jax.tree.map(jnp.add, grad_sum, grads), jax.tree.map(jnp.add, sums, metrics)), None
 
@@ -312,6 +395,7 @@ def make_train_step(
     label_smoothing: float,
     param_layout: Any = None,
     ema_decay: float = 0.0,
+    lora: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """The optimizer step (teacher forcing, loss averaged over the real target tokens).
 
@@ -332,6 +416,9 @@ def make_train_step(
         (``Partitioner.compute_layout``, e.g. gathered over ``fsdp``); None: as they come.
       ema_decay: when ``state.ema`` is kept, it becomes ``ema_update(ema, new params,
         ema_decay)`` after a good step (a skipped step leaves it unchanged).
+      lora: the model has LoRA adapters and ``state.opt_state`` covers only them: the
+        gradient, its norm and clipping, and the update are those of the adapters; the
+        other parameters are read, never differentiated nor changed.
 
     The returned function takes ``state``, int32 arrays ``batch`` ``[rows, max_len]`` (one
     batch) or ``[accum, rows, max_len]`` (``accum`` micro-batches, see
@@ -351,19 +438,21 @@ def make_train_step(
             )
         batch = {k: v[None] if v.ndim == 2 else v for k, v in batch.items()}
         dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+        trainable, frozen = split_trainable(state.params, lora)
         grads, sums = accumulate_gradients(
-            state.params,
+            trainable,
             batch,
             dropout_key,
             graphdef=graphdef,
             bos_id=bos_id,
             label_smoothing=label_smoothing,
+            frozen=frozen,
         )
         grad_norm = optax.tree_utils.tree_norm(grads)
         ok = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
         extra = {} if horizon is None else {"horizon": horizon}
-        updates, new_opt_state = tx.update(grads, state.opt_state, state.params, **extra)
-        new_params = optax.apply_updates(state.params, updates)
+        updates, new_opt_state = tx.update(grads, state.opt_state, trainable, **extra)
+        new_params = join_trainable(optax.apply_updates(trainable, updates), frozen)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
         new_state = dataclasses.replace(
             state,
@@ -407,6 +496,7 @@ def sharded_train_step(
     row_axis: int = 0,
     ema_decay: float = 0.0,
     runtime_horizon: bool = False,
+    lora: bool = False,
 ) -> Callable[..., tuple[TrainState, Metrics]]:
     """``make_train_step`` compiled over ``partitioner``'s mesh, as the training loop runs it.
 
@@ -414,7 +504,8 @@ def sharded_train_step(
     abstract state: one executable for every step, the optimizer state sharded like the
     parameters) and is donated; its parameters compute gathered over ``fsdp``; the batch's
     rows (axis ``row_axis``: 1 for micro-batches ``[accum, rows, length]``) are split over
-    ``data × fsdp``; the metrics come out replicated. ``ema_decay``: see ``make_train_step``.
+    ``data × fsdp``; the metrics come out replicated. ``ema_decay``, ``lora``: see
+    ``make_train_step``.
     ``runtime_horizon``: the step takes a third argument, the schedule's horizon (a replicated
     int32 scalar; one executable for every value).
     """
@@ -425,6 +516,7 @@ def sharded_train_step(
         label_smoothing=label_smoothing,
         param_layout=partitioner.compute_layout(shardings.params),
         ema_decay=ema_decay,
+        lora=lora,
     )
     return partitioner.jit(
         train_step,
