@@ -2,6 +2,7 @@
 batching of concurrent requests, a load test, and the web page in headless Chromium; and the
 cross-attention behind it (``seq2seq-translate --alignments``, ``seq2seq-plot --attention``)."""
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -75,6 +76,12 @@ def _free_socket() -> socket.socket:
 @pytest.fixture(scope="module")
 def server(translator):
     """The app on a real uvicorn server in a thread, on a free localhost port."""
+    with _serving(translator) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def _serving(translator):
     service = Service(
         translator,
         "en",
@@ -155,6 +162,23 @@ def test_translate_bodies_agree_with_the_translator(server, translator):
     assert _get(url + "/languages")[1][0] == {"code": "en", "name": "en", "targets": ["es"]}
     status, page = _get(url + "/")
     assert status == 200 and 'id="heatmap"' in page
+
+
+def test_mbr_serves_what_translate_gives(run_dir):
+    """``seq2seq-serve --search mbr``: the server's n-best are the MBR choices of the
+    ``Translator`` that ``seq2seq-translate --search mbr`` builds, best first by expected chrF."""
+    mbr = _translator(run_dir, "--search", "mbr", "--mbr-candidates", "beam", "--mbr-size", "3")
+    ref = mbr.translate(SENTENCES, nbest=3)
+    with _serving(mbr) as (url, _):
+        status, out = _request(url + "/translate", {"text": SENTENCES, "nbest": 3})
+        assert status == 200
+        for got, hs in zip(out["translations"], ref):
+            assert [n["text"] for n in got["nbest"]] == [h.text for h in hs]
+            assert [n["score"] for n in got["nbest"]] == sorted(
+                (n["score"] for n in got["nbest"]), reverse=True
+            )
+        status, health = _get(url + "/health")
+        assert health["search"] == "mbr 3 (beam)" and health["max_nbest"] == 3
 
 
 BAD = [
