@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Equal-work training speed of two checkouts of this repository, run alternately (issue 36:
+"equal-work speed before/after in one run within noise").
+
+Each round runs ``scripts/benchmark.py --only train --preset tatoeba`` of checkout A, then of
+checkout B (each its own code, from its own directory): the shipped preset's train step on the
+real corpus with packing, ``--steps`` timed steps after ``--warmup``, bfloat16 matmul operands as
+the preset trains. It prints each run's median step time and, per checkout, the median over the
+rounds and their ratio B / A, with the date and machine.
+
+Usage::
+
+    python scripts/ab_speed.py --a /path/to/old/checkout --b . --rounds 3 --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+
+def _medians(node) -> list[float]:
+    """Every ``step_seconds.median`` in a benchmark report."""
+    if isinstance(node, dict):
+        found = [node["step_seconds"]["median"]] if "step_seconds" in node else []
+        return found + [m for k, v in node.items() if k != "step_seconds" for m in _medians(v)]
+    if isinstance(node, list):
+        return [m for v in node for m in _medians(v)]
+    return []
+
+
+def step_time(checkout: Path, steps: int, warmup: int, cache: Path) -> float:
+    """Median seconds per train step of ``checkout``'s benchmark of the preset."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        cmd = [
+            sys.executable,
+            "scripts/benchmark.py",
+            "--only",
+            "train",
+            "--preset",
+            "tatoeba",
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+            "--matmul-dtype",
+            "bfloat16",
+            "--cache-dir",
+            str(cache),
+            "--out",
+            str(out),
+        ]
+        env = {**os.environ, "PYTHONPATH": str(checkout)}
+        subprocess.run(cmd, cwd=checkout, env=env, check=True, capture_output=True)
+        (median,) = _medians(json.loads(out.read_text()))
+        return median
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--a", required=True, type=Path, help="checkout A (e.g. before a change)")
+    p.add_argument("--b", required=True, type=Path, help="checkout B (e.g. after it)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    a = p.parse_args(argv)
+    times: dict[str, list[float]] = {"A": [], "B": []}
+    with tempfile.TemporaryDirectory() as caches:
+        for r in range(a.rounds):
+            for name, checkout in (("A", a.a), ("B", a.b)):
+                cache = Path(caches) / name  # each checkout keeps its own token cache
+                t = step_time(checkout.resolve(), a.steps, a.warmup, cache)
+                times[name].append(t)
+                print(f"round {r + 1} {name}: {t:.3f} s/step", file=sys.stderr, flush=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+    print(f"{when}, {machine}, load average at the end {os.getloadavg()[0]:.2f}")
+    print(f"A = {a.a}: {', '.join(f'{t:.3f}' for t in times['A'])} s/step (median {med['A']:.3f})")
+    print(f"B = {a.b}: {', '.join(f'{t:.3f}' for t in times['B'])} s/step (median {med['B']:.3f})")
+    print(f"B / A = {med['B'] / med['A']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
