@@ -299,7 +299,9 @@ def _members(args) -> list[tuple[str, int | None]]:
     (``seq2seq.inference.members``)."""
     from seq2seq.inference import members
 
-    return members(getattr(args, "workdirs", None) or [args.workdir], getattr(args, "steps", None))
+    workdirs = getattr(args, "workdirs", None) or [args.workdir]
+    chosen = members(workdirs, getattr(args, "steps", None))
+    return [(str(workdir), step) for workdir, step in chosen]
 
 
 def _load(args):

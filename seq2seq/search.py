@@ -118,7 +118,11 @@ class Greedy:
         """The method and its options (``seq2seq-evaluate``'s timing line)."""
         return "greedy"
 
-    def search(self, run: Run, src: list[np.ndarray], rules: Rules, **_) -> Candidates:
+    def search(
+        self, run: Run, src: list[np.ndarray], rules: Rules, *, line_ids: np.ndarray, nbest: int
+    ) -> Candidates:
+        """The candidates of the chunk ``src`` (ids and segments ``[rows, width]``) under
+        ``rules``; ``line_ids`` (int ``[rows]``) seed sampling, ``nbest`` samples per row."""
         tokens, logp = run(greedy_search_jit, [*src, *rules.inputs()], **rules.static())
         tokens = np.asarray(tokens)[:, None]
         lengths = (tokens != rules.pad_id).sum(-1)
@@ -151,9 +155,11 @@ class Beam(Greedy):
     def describe(self) -> str:
         return f"beam {self.beam_size}, alpha {self.alpha}"
 
-    def search(self, run: Run, src: list[np.ndarray], rules: Rules, **kw) -> Candidates:
+    def search(
+        self, run: Run, src: list[np.ndarray], rules: Rules, *, line_ids: np.ndarray, nbest: int
+    ) -> Candidates:
         if self.beam_size == 1:
-            return Greedy.search(self, run, src, rules, **kw)
+            return Greedy.search(self, run, src, rules, line_ids=line_ids, nbest=nbest)
         out = run(
             beam_search_jit,
             [*src, *rules.inputs()],
@@ -291,20 +297,21 @@ Strategy = Greedy | Beam | Sampling | MBR
 
 def strategy(decode: DecodeConfig) -> Strategy:
     """The strategy of ``decode.search`` with its options from ``decode``."""
-    scoring = dict(alpha=decode.alpha, length_penalty=decode.length_penalty)
+    alpha, kind = decode.alpha, decode.length_penalty
     sampling = Sampling(
         temperature=decode.temperature,
         top_k=decode.top_k,
         top_p=decode.top_p,
         epsilon=decode.epsilon,
         seed=decode.seed,
-        **scoring,
+        alpha=alpha,
+        length_penalty=kind,
     )
     if decode.search == "greedy":
-        return Greedy(**scoring)
+        return Greedy(alpha=alpha, length_penalty=kind)
     if decode.search == "sampling":
         return sampling
     if decode.search == "mbr":
-        source = sampling if decode.mbr_candidates == "sampling" else None
-        return MBR(source or Beam(beam_size=decode.mbr_size, **scoring), decode.mbr_size)
-    return Beam(beam_size=decode.beam_size, **scoring)
+        beam = Beam(beam_size=decode.mbr_size, alpha=alpha, length_penalty=kind)
+        return MBR(sampling if decode.mbr_candidates == "sampling" else beam, decode.mbr_size)
+    return Beam(beam_size=decode.beam_size, alpha=alpha, length_penalty=kind)

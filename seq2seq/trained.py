@@ -137,7 +137,7 @@ def check_same_decode(
 
 def load_ensemble(
     members: Sequence[tuple[str | Path, int | None]], *, matmul_dtype: str | None = None
-) -> tuple[list[Config], TokenizerPair, tuple[Any, ...], tuple[Any, ...]]:
+) -> tuple[list[Config], TokenizerPair, EnsembleDef, tuple[Any, ...]]:
     """Load several trained models (runs, or checkpoints of one run) for ensemble decoding.
 
     Args:
