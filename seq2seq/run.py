@@ -31,8 +31,9 @@ from seq2seq.sharding import (
 )
 from seq2seq.summary import write_summary_md
 from seq2seq.training.init_from import Parent
-from seq2seq.training.loop import DevBleu, Interrupted, TrainingDiverged, fit
+from seq2seq.training.loop import DevBleu, Interrupted, fit
 from seq2seq.training.metrics import MetricsWriter
+from seq2seq.training.progress import TrainingDiverged
 from seq2seq.translation import Translator
 from seq2seq.workdir import config_changes_path, config_path, skipped_path
 
