@@ -419,6 +419,21 @@ def test_an_added_action_runs_at_its_period_and_sees_the_step(corpus, tmp_path):
     assert seen == [(3, 3, 3), (6, 6, 6), (7, 7, 7)]
 
 
+def test_the_application_passes_extra_actions_to_the_loop(corpus, tmp_path):
+    """``seq2seq.run.train(config, actions=[...])``: a Python user's action runs with the
+    loop at its period and after the last step, and the run still ends with its test report."""
+    from seq2seq import run
+    from seq2seq.training.actions import Action
+
+    seen = []
+    summary = run.train(
+        _config(corpus, tmp_path / "run", "train.steps=5", "decode.test_limit=2"),
+        actions=[Action("record", 2, lambda loop: seen.append(loop.progress.step))],
+    )
+    assert seen == [2, 4, 5]
+    assert summary["step"] == 5 and (tmp_path / "run" / "test.json").is_file()
+
+
 @pytest.mark.slow
 def test_the_time_budget_compiles_the_step_once_and_a_resume_keeps_its_horizon(
     corpus, tmp_path, monkeypatch
