@@ -36,7 +36,7 @@ class ConfigError(ValueError):
 FREE = "free"  # may change: it changes how the run goes on (or what a fine-tune trains)
 FIXED = "fixed"  # resume: refused unless train.allow_config_change; fine-tune: the parent's
 REMAPPED = "remapped"  # resume: as fixed, and with train.allow_config_change the data position
-# is remapped by examples (seq2seq.training.loop.remap_position)
+# is remapped by examples (seq2seq.training.batches.remap_position)
 PARENT = "parent"  # fine-tune: replaced by the parent's value (its tokenizer is reused)
 RESUME_RULES = (FREE, FIXED, REMAPPED)
 FINETUNE_RULES = (FREE, FIXED, PARENT)

@@ -50,8 +50,8 @@ from seq2seq.data.pipeline import MIN_DECODE_SOURCE_LEN, check_corpora, check_vo
 from seq2seq.data.sources import FORMATS
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.sharding import Partitioner
+from seq2seq.training.checks import check_train_config
 from seq2seq.training.init_from import Parent, check_init_from, resolve_parent
-from seq2seq.training.loop import check_train_config
 from seq2seq.training.step import abstract_train_state
 from seq2seq.translation import check_decode_config
 from seq2seq.workdir import checkpoint_steps, config_path

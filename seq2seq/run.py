@@ -14,6 +14,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +31,18 @@ from seq2seq.sharding import (
     main_process_first,
 )
 from seq2seq.summary import write_summary_md
+from seq2seq.training.actions import Action
 from seq2seq.training.init_from import Parent
-from seq2seq.training.loop import DevBleu, Interrupted, TrainingDiverged, fit
+from seq2seq.training.loop import DevBleu, Interrupted, fit
 from seq2seq.training.metrics import MetricsWriter
+from seq2seq.training.progress import TrainingDiverged
 from seq2seq.translation import Translator
 from seq2seq.workdir import config_changes_path, config_path, skipped_path
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "Action",
     "Interrupted",
     "TrainingDiverged",
     "check_run_config",
@@ -178,9 +182,13 @@ def _write_skipped(workdir: Path, skipped: list[str]) -> None:
         path.unlink(missing_ok=True)
 
 
-def train(run: Config | Resolved) -> dict[str, Any]:
+def train(run: Config | Resolved, *, actions: Sequence[Action] = ()) -> dict[str, Any]:
     """Train (or resume) the run described by ``run`` (resolved, or a ``Config`` to resolve:
     see ``prepare_run``), then evaluate on the test split.
+
+    ``actions``: periodic actions added to the loop's own (``seq2seq.training.actions``;
+    run after its checkpoint action, e.g. ``Action("histogram", 100, fn)`` calls
+    ``fn(loop)`` after every 100th step and the last).
 
     Writes ``test.hyp``, ``test.json`` (the summary below) and ``summary.md`` to the workdir.
 
@@ -205,7 +213,9 @@ def train(run: Config | Resolved) -> dict[str, Any]:
     config, data, remap = prepare_run(run)
     workdir = Path(config.workdir)
     try:
-        result = fit(config, data, dev_bleu=dev_bleu(data, config), remap_data_from=remap)
+        result = fit(
+            config, data, dev_bleu=dev_bleu(data, config), actions=actions, remap_data_from=remap
+        )
     except (Interrupted, TrainingDiverged) as e:
         status = "interrupted" if isinstance(e, Interrupted) else "diverged"
         if is_main_process():

@@ -342,7 +342,7 @@ def host_batches(out: Path, process_id: int, num_processes: int, port: int) -> N
 
     from seq2seq.data import batching
     from seq2seq.data.batching import PackedBatches
-    from seq2seq.training.loop import train_batch
+    from seq2seq.training.batches import train_batch
 
     laid_out = []  # the rows each make_batch call laid out
     real_make_batch = batching.make_batch

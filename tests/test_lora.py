@@ -21,7 +21,7 @@ from seq2seq.model import build_model
 from seq2seq.model.lora import add_lora, expand_targets, has_lora, merged
 from seq2seq.trained import average_checkpoints, load_trained
 from seq2seq.training.checkpoints import Checkpointer
-from seq2seq.training.loop import check_train_config
+from seq2seq.training.checks import check_train_config
 from seq2seq.training.step import (
     abstract_train_state,
     base_params,

@@ -11,7 +11,7 @@ from tiny_run import cli_env, run, tiny_config, tiny_overrides, train_command, w
 from seq2seq.config import ConfigError, replace
 from seq2seq.data import recipe
 from seq2seq.resolve import resolve_config
-from seq2seq.training.loop import check_train_config
+from seq2seq.training.checks import check_train_config
 
 
 def reference_batch(pairs: int, max_len: int) -> int:

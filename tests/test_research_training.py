@@ -24,8 +24,8 @@ from seq2seq.data.tokenizer import load_pair
 from seq2seq.model import build_model
 from seq2seq.run import check_run_config
 from seq2seq.trained import average_checkpoints, load_trained
+from seq2seq.training.batches import remap_position
 from seq2seq.training.checkpoints import Checkpointer
-from seq2seq.training.loop import remap_position
 from seq2seq.training.metrics import read_metrics
 from seq2seq.training.step import (
     abstract_train_state,

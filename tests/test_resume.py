@@ -30,8 +30,10 @@ from seq2seq.data.tokenizer import train_or_load
 from seq2seq.run import prepare_run
 from seq2seq.trained import load_trained
 from seq2seq.training.checkpoints import HANG_MARKER, HANG_SAVE_ENV, Checkpointer
-from seq2seq.training.loop import TrainingDiverged, check_train_config, fit
+from seq2seq.training.checks import check_train_config
+from seq2seq.training.loop import fit
 from seq2seq.training.metrics import read_metrics
+from seq2seq.training.progress import TrainingDiverged
 from seq2seq.training.step import abstract_train_state
 from seq2seq.workdir import checkpoint_dir, checkpoint_steps
 
@@ -334,7 +336,7 @@ EIGHT_DEVICES = textwrap.dedent("""
     from seq2seq.config import load_config
     from seq2seq.data.pipeline import prepare
     from seq2seq.training.checkpoints import Checkpointer
-    from seq2seq.training.loop import train_batch
+    from seq2seq.training.batches import train_batch
     from seq2seq.training.step import make_optimizer, make_train_step
     from seq2seq.training.step import abstract_train_state
     from seq2seq.workdir import checkpoint_dir
@@ -395,7 +397,7 @@ def test_checkpoint_from_8_devices_restores_on_1_and_continues(corpus, tmp_path)
 def test_an_added_action_runs_at_its_period_and_sees_the_step(corpus, tmp_path):
     """A periodic action plugs into the loop without touching the others: it runs after every
     3rd step and the last, after that step's checkpoint."""
-    from seq2seq.training.loop import Action
+    from seq2seq.training.actions import Action
 
     seen = []
     config, data, _ = prepare_run(
@@ -417,6 +419,21 @@ def test_an_added_action_runs_at_its_period_and_sees_the_step(corpus, tmp_path):
     assert seen == [(3, 3, 3), (6, 6, 6), (7, 7, 7)]
 
 
+def test_the_application_passes_extra_actions_to_the_loop(corpus, tmp_path):
+    """``seq2seq.run.train(config, actions=[...])``: a Python user's action runs with the
+    loop at its period and after the last step, and the run still ends with its test report."""
+    from seq2seq import run
+    from seq2seq.training.actions import Action
+
+    seen = []
+    summary = run.train(
+        _config(corpus, tmp_path / "run", "train.steps=5", "decode.test_limit=2"),
+        actions=[Action("record", 2, lambda loop: seen.append(loop.progress.step))],
+    )
+    assert seen == [2, 4, 5]
+    assert summary["step"] == 5 and (tmp_path / "run" / "test.json").is_file()
+
+
 @pytest.mark.slow
 def test_the_time_budget_compiles_the_step_once_and_a_resume_keeps_its_horizon(
     corpus, tmp_path, monkeypatch
@@ -424,9 +441,9 @@ def test_the_time_budget_compiles_the_step_once_and_a_resume_keeps_its_horizon(
     """train.time_budget sets the schedule's horizon at the end of the warmup as a value the
     compiled step reads: one trace per run, the horizon in the checkpoint, and a run resumed
     after the choice continues with it, bitwise as the uninterrupted run."""
-    from seq2seq.training import loop as loop_module
+    from seq2seq.training import actions as actions_module
     from seq2seq.training import step as step_module
-    from seq2seq.training.loop import Action
+    from seq2seq.training.actions import Action
 
     chosen = []  # the steps at which the budget chose; the count is fixed to compare runs
 
@@ -441,7 +458,7 @@ def test_the_time_budget_compiles_the_step_once_and_a_resume_keeps_its_horizon(
         traces.append(1)
         return trace(*args, **kwargs)
 
-    monkeypatch.setattr(loop_module, "steps_for_time_budget", choose)
+    monkeypatch.setattr(actions_module, "steps_for_time_budget", choose)
     monkeypatch.setattr(step_module, "accumulate_gradients", counted)
     # provisional steps: token_budget / max_tokens = 10; the budget makes them 14 at step 8
     extra = (

@@ -154,7 +154,7 @@ def test_each_process_lays_out_only_its_rows_and_together_they_are_the_global_ba
     from conftest import random_pairs
 
     from seq2seq.data.batching import PackedBatches
-    from seq2seq.training.loop import train_batch
+    from seq2seq.training.batches import train_batch
 
     port = str(_free_port())
     procs = [

@@ -530,11 +530,70 @@ def prepare(
       TokenizerError: a tokenizer cannot be trained or loaded.
       ValueError: no training pair survives the filters.
     """
-    d = config.data
     check_vocabularies(config)
-    start = time.perf_counter()
-    skipped: list[str] = []
     cache = Path(workdir) / "tokens"
+    skipped: list[str] = []
+    text, stats = _read_splits(config, cache, skipped, need_test)
+    tokenizer = _tokenizers(config, workdir, text.train, tokenizer, stats)
+    encode = _Encoder(cache, stats)
+    rows = max(1, config.data.max_tokens // config.data.max_len)
+    train = _train_batches(config, text.train, tokenizer, encode, rows, stats, skipped)
+    dev_batches, unknown = _dev_batches(config, text.dev, tokenizer, encode, rows, stats)
+    unknown = {
+        "train.source": (train.sources, tokenizer.source),
+        "train.target": (train.targets, tokenizer.target),
+        **unknown,
+    }
+    if need_test:
+        unknown.update(_test_tokens(config, text.test, tokenizer, encode, stats))
+    _report(config, stats, unknown, train.hashes, text, need_test)
+
+    def parts(split: str, corpora: list[Corpus]) -> list[tuple[str, int]]:
+        return list(zip(corpus_labels(config, split), (len(c.sources) for c in corpora)))
+
+    return PreparedData(
+        tokenizer,
+        train.batches,
+        dev_batches,
+        text.dev,
+        text.test,
+        stats,
+        skipped,
+        corpus_labels(config, "train"),
+        parts("dev", text.dev_parts),
+        parts("test", text.test_parts) if need_test else [],
+    )
+
+
+@dataclass
+class _Splits:
+    """The text of a run's splits (``_read_splits``): the training corpora (read lazily),
+    the dev and test datasets as read, tagged per entry (``*_parts``) and joined."""
+
+    train: _TrainText
+    dev_ds: list[Dataset]
+    test_ds: list[Dataset]
+    dev_parts: list[Corpus]
+    test_parts: list[Corpus]
+    dev: Corpus
+    test: Corpus
+
+
+def _read_splits(
+    config: Config, cache: Path, skipped: list[str], need_test: bool
+) -> tuple[_Splits, dict[str, float]]:
+    """Read the dev and test splits (no test split unless ``need_test``) and check that every
+    plain training file can be read (the training text itself is read when needed).
+
+    Returns:
+      The splits, and the stats begun with ``train_pairs_read`` (0 until the training
+      corpora are encoded), ``dev_pairs``, ``test_pairs`` and ``read_seconds``. Pairs
+      skipped for an empty side are appended to ``skipped``.
+
+    Raises:
+      DataError: a split cannot be read (a missing training file is named first).
+    """
+    start = time.perf_counter()
     train = _TrainText(config, cache)
     for i, source in enumerate(train.sources):  # a missing training file is named first
         if source.format in ("text", "tsv", "csv", "jsonl") and train.inputs(i) is None:
@@ -544,13 +603,32 @@ def prepare(
     dev_parts = _tagged(config, "dev", dev_ds)
     test_parts = _tagged(config, "test", test_ds) if need_test else []
     dev, test = _joined(dev_parts), _joined(test_parts)
-    several = len(train.sources) > 1
     stats: dict[str, float] = {
         "train_pairs_read": 0,
         "dev_pairs": len(dev.sources),
         "test_pairs": len(test.sources),
         "read_seconds": time.perf_counter() - start,
     }
+    return _Splits(train, dev_ds, test_ds, dev_parts, test_parts, dev, test), stats
+
+
+def _tokenizers(
+    config: Config,
+    workdir: str | Path,
+    train: _TrainText,
+    tokenizer: TokenizerPair | None,
+    stats: dict[str, float],
+) -> TokenizerPair:
+    """The run's tokenizers: ``tokenizer`` when given; with ``train.init_from`` the models in
+    ``workdir`` (the parent's, copied there by the run); else trained on the training
+    corpora (every corpus tag among the user-defined symbols) or loaded when already trained.
+    Sets ``stats["tokenizer_seconds"]`` (reading the training text not included).
+
+    Raises:
+      ConfigError: a corpus tag is not one piece of the tokenizer.
+      TokenizerError: a tokenizer cannot be trained or loaded.
+    """
+    d = config.data
     start = time.perf_counter()
     if tokenizer is None and config.train.init_from:  # the parent's, copied here by the run
         tokenizer = load_pair(config.tokenizer, workdir, src_lang=d.src_lang, tgt_lang=d.tgt_lang)
@@ -570,9 +648,44 @@ def prepare(
         )
     _check_tags(config, tokenizer)
     stats["tokenizer_seconds"] = time.perf_counter() - start - train.read_seconds
-    encode = _Encoder(cache, stats)
+    return tokenizer
 
-    rows = max(1, d.max_tokens // d.max_len)
+
+@dataclass
+class _TrainTokens:
+    """The training side of ``prepare`` (``_train_batches``): the batches, the kept pairs'
+    token ids per corpus (for the unknown-piece rates) and the source hashes of every pair
+    read (for the dev/test overlap)."""
+
+    batches: PackedBatches | MixedBatches
+    sources: list[TokenIds]
+    targets: list[TokenIds]
+    hashes: list[np.ndarray]
+
+
+def _train_batches(
+    config: Config,
+    train: _TrainText,
+    tokenizer: TokenizerPair,
+    encode: _Encoder,
+    rows: int,
+    stats: dict[str, float],
+    skipped: list[str],
+) -> _TrainTokens:
+    """Each training corpus through the token store, filtered by ``data.max_len`` and
+    ``data.max_length_ratio``, optionally concatenated into pseudo-documents, and packed in
+    ``rows`` rows; several corpora are mixed by their weights (``MixedBatches``).
+
+    Counts the pairs read, dropped and kept into ``stats`` (per corpus too when there are
+    several), adds the time spent reading the training text to ``read_seconds`` and the
+    training pairs skipped for an empty side to the front of ``skipped``.
+
+    Raises:
+      ValueError: no training pair of a corpus survives the filters.
+    """
+    d = config.data
+    several = len(train.sources) > 1
+    cache = encode.cache_dir
     kept_src: list[TokenIds] = []
     kept_tgt: list[TokenIds] = []
     packed = []
@@ -636,7 +749,27 @@ def prepare(
             packed, [s.weight for s in d.corpora("train")], seed=config.train.seed
         )
     stats["train_real_token_share"] = train_batches.real_token_share(0)
+    return _TrainTokens(train_batches, kept_src, kept_tgt, train_hashes)
 
+
+_Unknown = dict[str, tuple[list[TokenIds], Tokenizer]]  # split.side → (ids, its tokenizer)
+
+
+def _dev_batches(
+    config: Config,
+    dev: Corpus,
+    tokenizer: TokenizerPair,
+    encode: _Encoder,
+    rows: int,
+    stats: dict[str, float],
+) -> tuple[PackedBatches, _Unknown]:
+    """The dev pairs through the token store, truncated to ``data.max_len`` tokens per side
+    (counted in ``stats["dev_pairs_truncated"]``) and packed in corpus order.
+
+    Returns:
+      The dev batches, and the ids of each side for the unknown-piece rates.
+    """
+    d = config.data
     dev_src, cut_src = _truncate(
         encode(tokenizer.source, dev.sources, "dev.source").to_list(), d.max_len, tokenizer.eos_id
     )
@@ -647,23 +780,43 @@ def prepare(
     dev_batches = PackedBatches(
         dev_src, dev_tgt, max_len=d.max_len, rows=rows, packing=d.packing, shuffle=False
     )
-    unknown = {
-        "train.source": (kept_src, tokenizer.source),
-        "train.target": (kept_tgt, tokenizer.target),
+    return dev_batches, {
         "dev.source": ([TokenIds.from_list(dev_src)], tokenizer.source),
         "dev.target": ([TokenIds.from_list(dev_tgt)], tokenizer.target),
     }
-    if need_test:
-        test_src = encode(tokenizer.source, test.sources, "test.source")
-        limit = decode_source_limit(config)
-        stats["test_sources_truncated"] = int(np.sum(test_src.lengths > limit))
-        test_tgt = encode(tokenizer.target, test.targets, "test.target")
-        unknown.update(
-            {
-                "test.source": ([test_src], tokenizer.source),
-                "test.target": ([test_tgt], tokenizer.target),
-            }
-        )
+
+
+def _test_tokens(
+    config: Config,
+    test: Corpus,
+    tokenizer: TokenizerPair,
+    encode: _Encoder,
+    stats: dict[str, float],
+) -> _Unknown:
+    """The test pairs through the token store (only their unknown-piece rates and the count
+    of sources above ``decode_source_limit``, ``stats["test_sources_truncated"]``, are needed
+    now: the test split is decoded from its text)."""
+    test_src = encode(tokenizer.source, test.sources, "test.source")
+    limit = decode_source_limit(config)
+    stats["test_sources_truncated"] = int(np.sum(test_src.lengths > limit))
+    test_tgt = encode(tokenizer.target, test.targets, "test.target")
+    return {
+        "test.source": ([test_src], tokenizer.source),
+        "test.target": ([test_tgt], tokenizer.target),
+    }
+
+
+def _report(
+    config: Config,
+    stats: dict[str, float],
+    unknown: _Unknown,
+    train_hashes: list[np.ndarray],
+    text: _Splits,
+    need_test: bool,
+) -> None:
+    """Complete ``stats`` with the unknown-piece rate of each split side in ``unknown`` and
+    the dev/test sources also in the training data, and log them (with a warning for
+    truncated dev pairs or test sources)."""
     for name, (ids, tok) in unknown.items():
         tokens = sum(int(x.lengths.sum()) for x in ids)
         unk = sum(x.count(tok.unk_id) for x in ids)
@@ -676,15 +829,15 @@ def prepare(
     )
 
     seen = np.unique(np.concatenate(train_hashes))
-    stats["dev_sources_in_train"] = overlap_count(seen, concatenate_datasets(dev_ds))
+    stats["dev_sources_in_train"] = overlap_count(seen, concatenate_datasets(text.dev_ds))
     if need_test:
-        stats["test_sources_in_train"] = overlap_count(seen, concatenate_datasets(test_ds))
+        stats["test_sources_in_train"] = overlap_count(seen, concatenate_datasets(text.test_ds))
     del seen
     if stats["dev_pairs_truncated"]:
         log.warning(
             "dev: %d pairs longer than data.max_len=%d tokens truncated (none dropped)",
             stats["dev_pairs_truncated"],
-            d.max_len,
+            config.data.max_len,
         )
     if stats.get("test_sources_truncated"):
         log.warning(
@@ -693,22 +846,6 @@ def prepare(
             decode_source_limit(config),
         )
     log.info("data: %s", ", ".join(f"{k}={v:.6g}" for k, v in stats.items()))
-
-    def parts(split: str, corpora: list[Corpus]) -> list[tuple[str, int]]:
-        return list(zip(corpus_labels(config, split), (len(c.sources) for c in corpora)))
-
-    return PreparedData(
-        tokenizer,
-        train_batches,
-        dev_batches,
-        dev,
-        test,
-        stats,
-        skipped,
-        corpus_labels(config, "train"),
-        parts("dev", dev_parts),
-        parts("test", test_parts) if need_test else [],
-    )
 
 
 def split_text(config: Config, split: str) -> Corpus:
