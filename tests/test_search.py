@@ -2,24 +2,19 @@
 reference with sacreBLEU's chrF; epsilon sampling's filter by its definition."""
 
 import builtins
-import gzip
 from dataclasses import replace
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 from sacrebleu.metrics import CHRF
+from test_translation import tiny_parts, tokenizer_path  # noqa: F401 (a fixture)
 
-from seq2seq.config import ConfigError, DecodeConfig, ModelConfig, TokenizerConfig, load_config
-from seq2seq.data.tokenizer import Tokenizer, train_or_load
+from seq2seq.config import ConfigError, DecodeConfig, load_config
 from seq2seq.decoding import NEG_INF, filter_logits
-from seq2seq.model import build_model
 from seq2seq.search import MBR, Beam, Candidates, Greedy, Sampling, chrf_matrix, strategy
 from seq2seq.translation import Translator
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "tatoeba-en-es"
 TEXTS = [
     "No puedo comer pollo.",
     "No puedo comer el pollo.",
@@ -108,30 +103,9 @@ def test_epsilon_sampling_drops_tokens_below_epsilon_but_never_the_best():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    texts = []
-    for lang in ("en", "es"):
-        with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            texts += f.read().split("\n")[:400]
-    workdir = tmp_path_factory.mktemp("spm")
-    train_or_load(texts, TokenizerConfig(vocab_size=200), workdir)
-    tokenizer = Tokenizer(str(workdir / "spm.model"))
-    model = build_model(
-        ModelConfig(
-            vocab_size=tokenizer.vocab_size,
-            d_model=16,
-            num_heads=2,
-            num_encoder_layers=1,
-            num_decoder_layers=1,
-            d_ff=32,
-            dropout_rate=0.0,
-        ),
-        seed=0,
-    )
-    e = model.embed.embedding[tokenizer.eos_id]  # an EOS bias: short outputs
-    model.decoder_norm.bias[...] = model.decoder_norm.bias[...] + 2.0 * e / (e @ e)
-    graphdef, params = nnx.split(model, nnx.Param)
-    return tokenizer, graphdef, params
+def tiny(tokenizer_path):  # noqa: F811 (the fixture of test_translation)
+    """A random 1-layer model with an EOS bias (short outputs) and a real tokenizer."""
+    return tiny_parts(tokenizer_path, eos_bias=2.0)
 
 
 LINES = ["I can't eat chicken.", "Tom is here.", "", "Yes."]
