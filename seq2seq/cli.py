@@ -323,11 +323,7 @@ def _load(args):
         decode_changes=changes,
         matmul_dtype=getattr(args, "matmul_dtype", None),  # --matmul-dtype (translate, score)
     )
-    decode = opened.decode
-    if not (
-        decode.search == "sampling"
-        or (decode.search == "mbr" and decode.mbr_candidates == "sampling")
-    ):
+    if not opened.strategy.samples():
         given = [
             f"--{o.replace('_', '-')}" for o in _SAMPLING_ONLY if getattr(args, o, None) is not None
         ]

@@ -114,6 +114,10 @@ class Greedy:
         """``max_nbest()`` in words, for the messages."""
         return "1 (greedy search)"
 
+    def samples(self) -> bool:
+        """Whether the sampling options (temperature, top-k, top-p, epsilon, seed) apply."""
+        return False
+
     def describe(self) -> str:
         """The method and its options (``seq2seq-evaluate``'s timing line)."""
         return "greedy"
@@ -186,6 +190,9 @@ class Sampling(Greedy):
 
     def max_nbest(self) -> int | None:
         return None
+
+    def samples(self) -> bool:
+        return True
 
     def describe(self) -> str:
         eps = f", epsilon {self.epsilon}" if self.epsilon else ""
@@ -260,6 +267,9 @@ class MBR:
 
     def nbest_bound(self) -> str:
         return f"the MBR candidates decode.mbr_size={self.size}"
+
+    def samples(self) -> bool:
+        return self.candidates.samples()
 
     def describe(self) -> str:
         return f"mbr ({self.size} candidates from {self.candidates.describe()}, chrF)"

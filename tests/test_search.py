@@ -35,6 +35,13 @@ def test_the_search_key_chooses_the_strategy():
     beam_mbr = strategy(replace(d, search="mbr", mbr_candidates="beam"))
     assert beam_mbr == MBR(Beam(alpha=0.8, beam_size=8), 8)
     assert [s.max_nbest() for s in (strategy(d), Greedy(), sampled, beam_mbr)] == [5, 1, None, 8]
+    assert [s.samples() for s in (strategy(d), Greedy(), sampled, beam_mbr, MBR(sampled))] == [
+        False,
+        False,
+        True,
+        False,
+        True,
+    ]
 
 
 def test_former_sampling_key_reads_as_search_sampling(tmp_path):
