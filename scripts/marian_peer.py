@@ -9,9 +9,14 @@
    saved with ``save_pretrained`` beside ``source.spm``/``target.spm``/``vocab.json``.
 3. ``seq2seq-import --from marian`` of that directory.
 4. The first ``--limit`` test sentences translated by both: ``generate`` (beam 4, length
-   penalty α, ``early_stopping="never"``, PAD banned, EOS forced at the limit) and our
-   ``Translator`` on the imported run (beam 4, ``plain`` α), with the same per-sentence
-   limit ``ceil(a·|x| + b)``; the share of identical outputs and both sacreBLEU scores.
+   penalty α, ``early_stopping="never"``, PAD banned) and our ``Translator`` on the imported
+   run (beam 4, ``plain`` α), with the same per-sentence limit ``ceil(a·|x| + b)``; the share
+   of identical outputs and both sacreBLEU scores. ``generate`` runs twice, once per rule for
+   the EOS forced at the length limit: ours (only EOS allowed there, at the model's
+   log-probability: a ``LogitsProcessor`` passed to ``generate``) and Hugging Face's own
+   (``forced_eos_token_id``: that EOS scores log-probability 0, docs/import.md).
+
+``--reuse`` decodes the checkpoint an earlier run of the script saved in ``OUT/hf``.
 
 Needs the ``compare`` extra (torch, transformers). Not run in CI (minutes of training).
 """
@@ -37,26 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=500, help="test sentences compared")
     p.add_argument("--alpha", type=float, default=1.0, help="length-penalty exponent")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reuse", action="store_true", help="decode the checkpoint in OUT/hf")
     a = p.parse_args(argv)
 
-    import numpy as np
-    import sacrebleu
     import sentencepiece as spm
     import torch
     import transformers
-    from compare_quality import (
-        RECIPE,
-        pad_rows,
-        peer_batches,
-        peer_optimizer,
-        peer_update,
-        read_lines,
-    )
-
-    from seq2seq.config import replace
-    from seq2seq.marian import import_marian
-    from seq2seq.trained import load_trained
-    from seq2seq.translation import Translator
+    from compare_quality import RECIPE, peer_batches, peer_optimizer, peer_update, read_lines
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -64,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     hf_dir = out / "hf"
     hf_dir.mkdir(parents=True, exist_ok=True)
     data = ROOT / "data" / "tatoeba-en-es"
+    if a.reuse:
+        model = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
+        pad = json.loads((hf_dir / "vocab.json").read_text(encoding="utf-8"))["<pad>"]
+        trained = json.loads((hf_dir / "training.json").read_text(encoding="utf-8"))
+        return compare(a, model, hf_dir, out, data, pad, trained)
     train_src, train_tgt = read_lines(data / "train.en"), read_lines(data / "train.es")
     blob = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -118,9 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     model = transformers.MarianMTModel(config)
     opt, sched = peer_optimizer(model)
 
-    def rows(seqs, first=None):
-        return pad_rows(seqs, pad, first)
-
     model.train()
     start, steps, epoch = time.perf_counter(), 0, 0
     while time.perf_counter() - start < a.seconds:
@@ -132,9 +126,38 @@ def main(argv: list[str] | None = None) -> int:
             if time.perf_counter() - start >= a.seconds:
                 break
         epoch += 1
-    train_seconds = time.perf_counter() - start
+    trained = {"peer_train_seconds": round(time.perf_counter() - start, 1), "peer_steps": steps}
     model.eval()
     model.save_pretrained(hf_dir)
+    (hf_dir / "training.json").write_text(json.dumps(trained), encoding="utf-8")
+    return compare(a, model, hf_dir, out, data, pad, trained)
+
+
+def compare(a, model, hf_dir: Path, out: Path, data: Path, pad: int, trained: dict) -> int:
+    """Import ``hf_dir``, decode the test sentences with both systems, write the result."""
+    import numpy as np
+    import sacrebleu
+    import torch
+    import transformers
+    from compare_quality import pad_rows, read_lines
+
+    from seq2seq.config import replace
+    from seq2seq.marian import import_marian
+    from seq2seq.trained import load_trained
+    from seq2seq.translation import Translator
+
+    class ModelLogprobEOS(transformers.LogitsProcessor):
+        """At the limit only EOS, at the log-probability the model gives it (our rule)."""
+
+        def __init__(self, length: int, eos: int):
+            self.length, self.eos = length, eos
+
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[-1] != self.length:
+                return scores
+            kept = torch.full_like(scores, -float("inf"))
+            kept[:, self.eos] = scores[:, self.eos]
+            return kept
 
     run = import_marian(hf_dir, out / "run", src_lang="en", tgt_lang="es", overwrite=True)
     cfg, pair, graphdef, params = load_trained(run)
@@ -150,49 +173,63 @@ def main(argv: list[str] | None = None) -> int:
     groups: dict[int, list[int]] = {}
     for i, n in enumerate(limits):
         groups.setdefault(n, []).append(i)
-    theirs = [""] * len(sources)
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        for n, members in sorted(groups.items()):
-            for k in range(0, len(members), 32):
-                chunk = members[k : k + 32]
-                src = rows([list(ids[i]) for i in chunk])
-                gen = model.generate(
-                    input_ids=src,
-                    attention_mask=src != pad,
-                    num_beams=4,
-                    max_new_tokens=n,
-                    length_penalty=a.alpha,
-                    early_stopping="never",
-                    forced_eos_token_id=0,
-                    bad_words_ids=[[pad]],
-                    do_sample=False,
-                )
-                for i, row in zip(chunk, pair.decode([r[1:] for r in gen.tolist()])):
-                    theirs[i] = row
-    hf_seconds = time.perf_counter() - t0
-    same = sum(x == y for x, y in zip(ours, theirs))
+
+    def generate(hf_rule: bool) -> tuple[list[str], int, float]:
+        """``generate``'s outputs, how many of them reach the limit, the seconds taken."""
+        # set on the model's own config: a None in a config passed to generate is filled
+        # from the model's (transformers 5), so the forced EOS would stay
+        model.generation_config.forced_eos_token_id = 0 if hf_rule else None
+        theirs, at_limit = [""] * len(sources), 0
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for n, members in sorted(groups.items()):
+                processors = [] if hf_rule else [ModelLogprobEOS(n, 0)]
+                for k in range(0, len(members), 32):
+                    chunk = members[k : k + 32]
+                    src = pad_rows([list(ids[i]) for i in chunk], pad, None)
+                    gen = model.generate(
+                        input_ids=src,
+                        attention_mask=src != pad,
+                        logits_processor=transformers.LogitsProcessorList(processors),
+                        num_beams=4,
+                        max_new_tokens=n,
+                        length_penalty=a.alpha,
+                        early_stopping="never",
+                        bad_words_ids=[[pad]],
+                        do_sample=False,
+                    )
+                    rows = [r[1:] for r in gen.tolist()]
+                    at_limit += sum(len([t for t in r if t != pad]) >= n for r in rows)
+                    for i, row in zip(chunk, pair.decode(rows)):
+                        theirs[i] = row
+        return theirs, at_limit, time.perf_counter() - t0
+
     bleu = sacrebleu.metrics.BLEU()
     result = {
-        "peer_train_seconds": round(train_seconds, 1),
-        "peer_steps": steps,
+        **trained,
         "sentences": len(sources),
-        "identical": same,
-        "identical_share": same / len(sources),
         "bleu_ours": bleu.corpus_score(ours, [refs]).score,
-        "bleu_generate": bleu.corpus_score(theirs, [refs]).score,
         "bleu_signature": str(bleu.get_signature()),
         "decode_seconds_ours": round(ours_seconds, 1),
-        "decode_seconds_generate": round(hf_seconds, 1),
         "alpha": a.alpha,
-        "differences": [
-            {"source": s, "ours": x, "generate": y}
-            for s, x, y in zip(sources, ours, theirs)
-            if x != y
-        ][:10],
     }
+    for name, hf_rule in (("our_eos_rule", False), ("hf_forced_eos", True)):
+        theirs, at_limit, hf_seconds = generate(hf_rule)
+        same = sum(x == y for x, y in zip(ours, theirs))
+        result[name] = {
+            "identical": same,
+            "identical_share": same / len(sources),
+            "bleu_generate": bleu.corpus_score(theirs, [refs]).score,
+            "generate_outputs_at_the_limit": at_limit,
+            "decode_seconds_generate": round(hf_seconds, 1),
+            "differences": [
+                {"source": s, "ours": x, "generate": y}
+                for s, x, y in zip(sources, ours, theirs)
+                if x != y
+            ][:10],
+        }
     (out / "result.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
-    print(json.dumps({k: v for k, v in result.items() if k != "differences"}, indent=1))
+    print(json.dumps(result, indent=1, ensure_ascii=False)[:4000])
     return 0
 
 
