@@ -318,7 +318,15 @@ def distillation(args: argparse.Namespace) -> Recipe:
     )
     recipe.run(
         "student on the teacher's targets",
-        _train(student, distilled, args.steps, [*STUDENT, *test, *args.set]),
+        # the original student's SentencePiece model: beam outputs are less varied than the
+        # references (8k pieces could not be learned from them), and one vocabulary for both
+        # students keeps the comparison about the targets alone
+        _train(
+            student,
+            distilled,
+            args.steps,
+            [*STUDENT, *test, *args.set, f"tokenizer.model_file={_rel(original / 'spm.model')}"],
+        ),
         out / "student_distilled.log",
     )
     _compare(
