@@ -76,7 +76,7 @@ def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
-def _run(command: list[str], log: Path) -> tuple[str, float]:
+def run_command(command: list[str], log: Path) -> tuple[str, float]:
     """Run ``python -m seq2seq COMMAND`` to completion; (its standard output, peak RSS in MiB
     of that process, from ``wait4``). Raises SystemExit with the log's tail on failure."""
     full = [sys.executable, "-m", "seq2seq", *command]
@@ -129,7 +129,7 @@ def adapt(args: argparse.Namespace) -> list[Result]:
     test_src, test_ref = (_plain_file(args.test, lang, out) for lang in (src, tgt))
     evaluate = ["evaluate", "--src", str(test_src), "--ref", str(test_ref)]
     results = []
-    stdout, _ = _run([*evaluate, "--workdir", str(base)], out / "before.log")
+    stdout, _ = run_command([*evaluate, "--workdir", str(base)], out / "before.log")
     results.append(Result("before (the base run)", *_scores(stdout)))
     common = [
         "train",
@@ -161,9 +161,9 @@ def adapt(args: argparse.Namespace) -> list[Result]:
     }
     for (name, extra), folder in zip(runs.items(), ("full", "lora")):
         workdir = out / folder
-        _, peak = _run([*common, f"workdir={workdir}", *extra], out / f"{folder}.train.log")
+        _, peak = run_command([*common, f"workdir={workdir}", *extra], out / f"{folder}.train.log")
         summary = json.loads((workdir / "test.json").read_text(encoding="utf-8"))
-        stdout, _ = _run([*evaluate, "--workdir", str(workdir)], out / f"{folder}.eval.log")
+        stdout, _ = run_command([*evaluate, "--workdir", str(workdir)], out / f"{folder}.eval.log")
         results.append(
             Result(
                 name,
@@ -178,7 +178,7 @@ def adapt(args: argparse.Namespace) -> list[Result]:
     return results
 
 
-def _cpu() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -196,7 +196,7 @@ def table(results: list[Result], args: argparse.Namespace, command: str) -> str:
     lines = [
         "# LoRA against full fine-tuning at equal steps",
         "",
-        f"{stamp}; {_cpu()}, {cores} cores, jax {jax.__version__} ({jax.default_backend()}); "
+        f"{stamp}; {cpu_name()}, {cores} cores, jax {jax.__version__} ({jax.default_backend()}); "
         f"base `{args.base}`, adaptation corpus `{args.train}` (dev `{args.dev}`, test "
         f"`{args.test}`), {args.steps} steps each, learning rate {args.full_lr:g} (full) and "
         f"{args.lora_lr:g} (LoRA). Regenerate with:",
@@ -246,7 +246,7 @@ def smoke(out: Path) -> argparse.Namespace:
         for lang in ("en", "es"):
             (data / f"{name}.{lang}").write_text("\n".join(lines[lang][a:b]) + "\n", "utf-8")
     base = out / "base"
-    _run(
+    run_command(
         [
             "train",
             f"workdir={base}",
