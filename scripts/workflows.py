@@ -41,6 +41,7 @@ import datetime
 import gzip
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -338,6 +339,38 @@ def distillation(args: argparse.Namespace) -> Recipe:
     return recipe
 
 
+SPEED = re.compile(r"^(.+?): (\d+) sentences in [\d.]+ s \(([\d.]+) sentences/s\)", re.M)
+
+
+def summary(test: dict) -> list[str]:
+    """Markdown bullets from ``seq2seq-evaluate --json``: each system's BLEU and chrF against the
+    first (the difference and the approximate-randomization p-value) and, where the systems were
+    decoded (``--compare``), their sentences/s as a multiple of the last system's."""
+    report, labels = test["report"], test["labels"]
+    lines = ["Read from the table:", ""]
+    first = report["systems"][0]
+    for label, system in zip(labels, report["systems"]):
+        parts = []
+        for metric in ("BLEU", "chrF"):
+            score = system[metric]["score"]
+            if system is first:
+                parts.append(f"{metric} {score:.2f}")
+            else:
+                delta, p = score - first[metric]["score"], system[metric]["p_ar"]
+                parts.append(f"{metric} {score:.2f} ({delta:+.2f}, p = {p:.4f})")
+        lines.append(f"- {label}: " + ", ".join(parts))
+    speeds = [float(m.group(3)) for m in SPEED.finditer(test["table"])]
+    if len(speeds) == len(labels) > 1:
+        lines.append(
+            "- decoding the test split (beam search, the model loaded), sentences/s: "
+            + ", ".join(
+                f"{label} {v:.1f} ({v / speeds[-1]:.2f}× {labels[-1]})"
+                for label, v in zip(labels, speeds)
+            )
+        )
+    return [*lines, ""]
+
+
 TITLES = {
     "back-translation": "Back-translation on the shipped corpus",
     "distillation": "Sequence-level distillation on the shipped corpus",
@@ -368,6 +401,7 @@ def page(kind: str, recipe: Recipe, args: argparse.Namespace, command: str, star
         recipe.scores["test"]["table"].rstrip(),
         "```",
         "",
+        *summary(recipe.scores["test"]),
         "## Stages",
         "",
         "| stage | wall time | peak RSS |",
