@@ -29,8 +29,8 @@ the test scores with 95% confidence intervals and paired significance (``seq2seq
 
 Usage::
 
-    python scripts/workflows.py back-translation --steps 400
-    python scripts/workflows.py distillation --steps 400
+    python scripts/workflows.py back-translation --steps 300 --set train.eval_every=300
+    python scripts/workflows.py distillation --steps 300 --set train.eval_every=300
     python scripts/workflows.py back-translation --smoke   # tiny models and data (a minute)
 """
 
@@ -371,6 +371,12 @@ def summary(test: dict) -> list[str]:
     return [*lines, ""]
 
 
+COMMANDS_NOTE = (
+    "The commands, in order. They read files that the script itself writes under `data/` (the "
+    "splits, `mono.es`, and `synthetic.es` / `distilled.en`, copies of the sources), so run the "
+    "script once before rerunning a single stage:"
+)
+
 TITLES = {
     "back-translation": "Back-translation on the shipped corpus",
     "distillation": "Sequence-level distillation on the shipped corpus",
@@ -409,7 +415,12 @@ def page(kind: str, recipe: Recipe, args: argparse.Namespace, command: str, star
     ]
     for s in recipe.stages:
         lines.append(f"| {s.name} | {s.seconds / 60:.1f} min | {s.peak_rss_mib:,.0f} MiB |")
-    lines += ["", "The commands, in order (copy them to rerun a stage):", "", "```bash"]
+    lines += [
+        "",
+        COMMANDS_NOTE,
+        "",
+        "```bash",
+    ]
     for s in recipe.stages:
         lines.append(shlex.join(["python", "-m", "seq2seq", *s.command]))
     lines += ["```", ""]
