@@ -16,12 +16,18 @@ the process's peak memory: ``VmHWM``
 (resident, mapped files included) and the peak of ``RssAnon`` (its own memory, without the
 page-cache-shared token store), sampled every 0.2 s from ``/proc``. Linux only.
 
+``--processes K`` runs K processes of one host (``jax.distributed`` on localhost, one CPU
+device each, ``mesh.data=K``) and reports each process's peaks, their ``RssFile`` (the mapped
+store and libraries: the same pages in every process) and the host's memory in use
+(``MemTotal - MemAvailable``) above what it was before the start. Finally the loader alone:
+target tokens/s of ``train_batch`` laid out from the resumed run's store on one thread.
+
 Usage::
 
     python scripts/data_scale.py --pairs 1000000 --out /tmp/scale
-    python scripts/data_scale.py --pairs 2000 --out /tmp/scale --steps-overrides ...  # tiny
+    python scripts/data_scale.py --pairs 4500000 --out /tmp/scale --processes 4
 
-Prints a JSON record per run and writes ``<out>/data_scale_<pairs>.json``.
+Prints a JSON record and writes ``<out>/data_scale_<pairs>[_<K>p].json``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -74,6 +81,12 @@ def build_corpus(pairs: int, join: int, directory: Path, seed: int = 0) -> Path:
     return prefix
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _memory(pid: int) -> dict[str, int]:
     """kB values of ``/proc/<pid>/status`` (VmHWM, VmRSS, RssAnon, RssFile)."""
     out = {}
@@ -87,33 +100,61 @@ def _memory(pid: int) -> dict[str, int]:
     return out
 
 
-def run_to_first_step(command: list[str], workdir: Path, after_step: int, timeout: float) -> dict:
-    """Start ``command``; when ``metrics.jsonl`` has a training record past ``after_step``,
-    send SIGTERM and wait. Returns the seconds to that record, the peak memory and the log's
-    start-up phases."""
+def _host_used() -> int:
+    """kB of the host's memory in use: ``MemTotal - MemAvailable`` of ``/proc/meminfo``."""
+    info = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        info[key] = int(value.split()[0])
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+def run_to_first_step(
+    command: list[str], workdir: Path, after_step: int, timeout: float, processes: int = 1
+) -> dict:
+    """Start ``command`` (``processes`` copies with ``distributed.process_id=i`` when more
+    than one); when ``metrics.jsonl`` has a training record past ``after_step``, send SIGTERM
+    to process 0 (the others stop after the same step) and wait. Returns the seconds to that
+    record, the peak memory per process and of the host, and the log's start-up phases."""
     metrics = workdir / "metrics.jsonl"
     start, wall_start = time.perf_counter(), time.time()
     log_path = workdir.parent / f"{workdir.name}.{after_step}.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        first_step = None
-        peak_anon = hwm = 0
-        while proc.poll() is None:
-            mem = _memory(proc.pid)
-            peak_anon = max(peak_anon, mem.get("RssAnon", 0))
-            hwm = max(hwm, mem.get("VmHWM", 0))
+    host_before = _host_used()
+    procs, logs = [], []
+    for i in range(processes):
+        logs.append(open(log_path.with_suffix(f".{i}.log") if i else log_path, "w"))
+        extra = [f"distributed.process_id={i}"] if processes > 1 else []
+        procs.append(
+            subprocess.Popen(command + extra, stdout=logs[-1], stderr=subprocess.STDOUT)
+        )
+    first_step = None
+    peak_anon, hwm, peak_file = [0] * processes, [0] * processes, [0] * processes
+    peak_host = 0
+    try:
+        while any(p.poll() is None for p in procs):
+            for i, proc in enumerate(procs):
+                mem = _memory(proc.pid)
+                peak_anon[i] = max(peak_anon[i], mem.get("RssAnon", 0))
+                hwm[i] = max(hwm[i], mem.get("VmHWM", 0))
+                peak_file[i] = max(peak_file[i], mem.get("RssFile", 0))
+            peak_host = max(peak_host, _host_used() - host_before)
             if first_step is None and metrics.is_file():
                 records = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
                 if any(
                     r.get("split") == "train" and r.get("step", 0) > after_step for r in records
                 ):
                     first_step = time.perf_counter() - start
-                    proc.send_signal(signal.SIGTERM)
+                    procs[0].send_signal(signal.SIGTERM)
             if time.perf_counter() - start > timeout:
-                proc.kill()
+                for proc in procs:
+                    proc.kill()
                 break
             time.sleep(0.2)
-        proc.wait()
+    finally:
+        for proc in procs:
+            proc.wait()
+        for f in logs:
+            f.close()
     text = log_path.read_text()
     phases: dict[str, float] = {}
     data = re.search(r"^(\S+ \S+) INFO seq2seq.data.pipeline: data: (.*)", text, re.M)
@@ -128,14 +169,47 @@ def run_to_first_step(command: list[str], workdir: Path, after_step: int, timeou
         if config:
             began = datetime.strptime(config.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
             phases["prepare_seconds"] = done - began  # from the config's log line
-    return {
+    record = {
         "seconds_to_first_step": first_step,
         "seconds_total": time.perf_counter() - start,
-        "returncode": proc.returncode,
-        "peak_rss_anon_mb": peak_anon / 1024,
-        "peak_rss_mb": hwm / 1024,
+        "returncode": procs[0].returncode,
+        "peak_rss_anon_mb": peak_anon[0] / 1024,
+        "peak_rss_mb": hwm[0] / 1024,
         "phases": phases,
         "log": str(log_path),
+    }
+    if processes > 1:
+        record.update(
+            returncodes=[p.returncode for p in procs],
+            peak_rss_anon_mb_per_process=[x / 1024 for x in peak_anon],
+            peak_rss_file_mb_per_process=[x / 1024 for x in peak_file],
+            peak_rss_mb_per_process=[x / 1024 for x in hwm],
+            host_used_mb_above_start=peak_host / 1024,
+        )
+    return record
+
+
+def loader_speed(workdir: Path, batches: int = 200) -> dict:
+    """Target tokens/s of ``train_batch`` on one thread, from the run's token store (the
+    resumed run's data, read as a resume reads it)."""
+    sys.path.insert(0, str(ROOT))
+    from seq2seq.config import load_config
+    from seq2seq.data.pipeline import prepare
+    from seq2seq.training.batches import train_batch
+
+    config = load_config(workdir / "config.yaml")
+    data = prepare(config, workdir, need_test=False)
+    train_batch(data.train, 0, 1)
+    start, tokens = time.perf_counter(), 0
+    for k in range(batches):
+        tokens += train_batch(data.train, k, 1).target_tokens
+    seconds = time.perf_counter() - start
+    shape = (data.train.rows, data.train.max_len)
+    return {
+        "batches": batches,
+        "batch_shape": list(shape),
+        "ms_per_batch": 1000 * seconds / batches,
+        "target_tokens_per_second": tokens / seconds,
     }
 
 
@@ -146,10 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--config", default=str(ROOT / "configs" / "tatoeba_en_es.yaml"))
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument(
+        "--processes", type=int, default=1, help="local processes (jax.distributed), 1 CPU each"
+    )
     parser.add_argument("overrides", nargs="*", help="more seq2seq-train overrides")
     args = parser.parse_args(argv)
     prefix = build_corpus(args.pairs, args.join, args.out / "corpus")
-    workdir = args.out / f"run{args.pairs}x{args.join}"
+    k = args.processes
+    tag = f"{args.pairs}" + (f"_{k}p" if k > 1 else "")
+    workdir = args.out / f"run{args.pairs}x{args.join}" if k == 1 else args.out / f"run{tag}"
     command = [
         sys.executable,
         "-m",
@@ -166,20 +245,31 @@ def main(argv: list[str] | None = None) -> int:
         "train.log_every=1",
         "train.eval_every=100000",
         "train.checkpoint_every=100000",
+        *(
+            [
+                f"distributed.coordinator_address=127.0.0.1:{_free_port()}",
+                f"distributed.num_processes={k}",
+                f"mesh.data={k}",
+            ]
+            if k > 1
+            else []
+        ),
         *args.overrides,
     ]
     record = {
         "pairs": args.pairs,
+        "processes": k,
         "join": args.join,
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    record["first_run"] = run_to_first_step(command, workdir, 0, args.timeout)
+    record["first_run"] = run_to_first_step(command, workdir, 0, args.timeout, k)
     steps = [json.loads(x)["step"] for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-    record["resume"] = run_to_first_step(command, workdir, max(steps), args.timeout)
+    record["resume"] = run_to_first_step(command, workdir, max(steps), args.timeout, k)
+    record["loader"] = loader_speed(workdir)
     print(json.dumps(record, indent=1))
-    (args.out / f"data_scale_{args.pairs}.json").write_text(json.dumps(record, indent=1))
+    (args.out / f"data_scale_{tag}.json").write_text(json.dumps(record, indent=1))
     return 0
 
 

@@ -37,7 +37,7 @@ from seq2seq.training.loop import DevBleu, Interrupted, fit
 from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.progress import TrainingDiverged
 from seq2seq.translation import Translator
-from seq2seq.workdir import config_changes_path, config_path, skipped_path
+from seq2seq.workdir import compile_cache_dir, config_changes_path, config_path, skipped_path
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +182,16 @@ def _write_skipped(workdir: Path, skipped: list[str]) -> None:
         path.unlink(missing_ok=True)
 
 
+def use_compile_cache(workdir: Path) -> None:
+    """JAX's persistent compilation cache in ``workdir/compile_cache`` unless one is set
+    already (``JAX_COMPILATION_CACHE_DIR``): a resume then loads the train, eval and decoding
+    steps it compiled before instead of compiling them again (the same programs)."""
+    import jax
+
+    if not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(compile_cache_dir(workdir)))
+
+
 def train(run: Config | Resolved, *, actions: Sequence[Action] = ()) -> dict[str, Any]:
     """Train (or resume) the run described by ``run`` (resolved, or a ``Config`` to resolve:
     see ``prepare_run``), then evaluate on the test split.
@@ -212,6 +222,7 @@ def train(run: Config | Resolved, *, actions: Sequence[Action] = ()) -> dict[str
     wall_start = time.perf_counter()
     config, data, remap = prepare_run(run)
     workdir = Path(config.workdir)
+    use_compile_cache(workdir)
     try:
         result = fit(
             config, data, dev_bleu=dev_bleu(data, config), actions=actions, remap_data_from=remap

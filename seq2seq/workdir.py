@@ -19,8 +19,12 @@ Layout::
       curves.png           training curves (``seq2seq-plot``)
       summary.md           human-readable summary of the run
       train.log            the log
+      compile_cache/       JAX's persistent compilation cache of the run's commands (compiled
+                           programs, trusted like code; absent when JAX_COMPILATION_CACHE_DIR
+                           names another)
 
-Nothing in it is a pickle: arrays are tensorstore/zarr, everything else is text.
+Nothing in it is a pickle: arrays are tensorstore/zarr, everything else is text (or, in
+``compile_cache/``, XLA executables).
 """
 
 from __future__ import annotations
@@ -46,6 +50,11 @@ def tokenizer_path(workdir: str | Path) -> Path:
 def skipped_path(workdir: str | Path) -> Path:
     """``workdir/skipped.txt``."""
     return Path(workdir) / "skipped.txt"
+
+
+def compile_cache_dir(workdir: str | Path) -> Path:
+    """``workdir/compile_cache``."""
+    return Path(workdir) / "compile_cache"
 
 
 def checkpoint_dir(workdir: str | Path) -> Path:

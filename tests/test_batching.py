@@ -186,3 +186,42 @@ def test_real_token_share_of_an_epoch_matches_its_batches():
     assert pb.real_token_share(1) == pytest.approx(np.mean(shares))
     tokens = sum(map(len, src)) + sum(map(len, tgt))
     assert pb.real_token_share(1) == pytest.approx(tokens / (2 * 32 * 8 * len(shares)))
+
+
+def test_prefetcher_gives_the_train_batch_sequence_and_raises_its_errors():
+    """The background thread changes no value: each step's batch equals ``train_batch`` at its
+    position (across epoch boundaries, with accumulation and a process share), while the main
+    thread reads the same batches' epoch sizes concurrently; a failure reaches ``get``."""
+    from seq2seq.training.batches import Prefetcher, train_batch
+
+    src, tgt = random_pairs(300, np.random.default_rng(2))
+    batches = PackedBatches(src, tgt, max_len=24, rows=4, seed=3)
+    reference = PackedBatches(src, tgt, max_len=24, rows=4, seed=3)
+    first, accum, share = 5, 3, (1, 2)
+    steps = 3 * reference.batches_in_epoch(0) // accum  # about three epochs
+    with Prefetcher(batches, first, accum, share, depth=2) as prefetch:
+        for k in range(steps):
+            got = prefetch.get()
+            want = train_batch(reference, first + k * accum, accum, share)
+            assert set(got) == set(want)
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key])
+            assert (got.real_tokens, got.target_tokens) == (want.real_tokens, want.target_tokens)
+            batches.locate(first + k * accum)  # the main thread's checkpoint metadata
+    assert batches._epoch_sizes == [reference.batches_in_epoch(e) for e in range(len(batches._epoch_sizes))]
+
+    class Broken:
+        rows = 4
+
+        def batch_at(self, step, *share):
+            if step >= 2:
+                raise ValueError(f"bad batch {step}")
+            return reference.batch_at(step, *share)
+
+        def tokens_at(self, step):
+            return reference.tokens_at(step)
+
+    with Prefetcher(Broken(), 0, 1) as prefetch:
+        prefetch.get(), prefetch.get()
+        with pytest.raises(ValueError, match="bad batch 2"):
+            prefetch.get()

@@ -154,3 +154,23 @@ def test_no_cache_dir_and_bad_names(tmp_path, tok):
     assert not hit and len(ids) == 3
     with pytest.raises(ValueError, match="split.side"):
         encode_cached(tok, TEXTS[:3], tmp_path, "train")
+
+
+@pytest.mark.parametrize(
+    "which",
+    [None, "most", "few", "repeats"],
+)
+def test_count_equals_a_brute_force_count(which):
+    """``count`` over the whole flat array (minus the sentences left out) or by gathering gives
+    the same as counting sentence by sentence."""
+    rng = np.random.default_rng(0)
+    ids = TokenIds.from_list([rng.integers(0, 5, size=rng.integers(0, 9)) for _ in range(200)])
+    selection = {
+        None: None,
+        "most": np.sort(rng.choice(200, 150, replace=False)),  # the flat array minus the rest
+        "few": np.sort(rng.choice(200, 20, replace=False)),
+        "repeats": rng.integers(0, 200, 180),  # a sentence twice counts twice
+    }[which]
+    held = ids if selection is None else ids.select(selection)
+    for value in range(5):
+        assert held.count(value) == sum(int(np.sum(x == value)) for x in held)

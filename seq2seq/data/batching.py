@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -234,6 +235,8 @@ class PackedBatches:
         self.max_len, self.rows, self.seed = max_len, rows, seed
         self.packing, self.shuffle = packing, shuffle
         self._epoch_rows: dict[int, Rows] = {}
+        # the loop's batch thread and the main thread (checkpoint metadata) share the memos
+        self._lock = threading.RLock()
         self._sizes_file = Path(sizes_file) if sizes_file is not None else None
         self._epoch_sizes: list[int] = self._read_sizes()
 
@@ -261,6 +264,10 @@ class PackedBatches:
 
     def epoch_packing(self, epoch: int) -> Rows:
         """Packed rows of one epoch (the two most recently packed epochs are memoised)."""
+        with self._lock:
+            return self._epoch_packing(epoch)
+
+    def _epoch_packing(self, epoch: int) -> Rows:
         if epoch not in self._epoch_rows:
             n = len(self.src)
             order = (
@@ -281,12 +288,13 @@ class PackedBatches:
 
     def batches_in_epoch(self, epoch: int) -> int:
         """Number of batches in ``epoch`` (the last one may be partly padding rows)."""
-        if len(self._epoch_sizes) <= epoch:
-            while len(self._epoch_sizes) <= epoch:
-                rows = self.epoch_packing(len(self._epoch_sizes))
-                self._epoch_sizes.append(-(-len(rows) // self.rows))
-            self._write_sizes()
-        return self._epoch_sizes[epoch]
+        with self._lock:
+            if len(self._epoch_sizes) <= epoch:
+                while len(self._epoch_sizes) <= epoch:
+                    rows = self._epoch_packing(len(self._epoch_sizes))
+                    self._epoch_sizes.append(-(-len(rows) // self.rows))
+                self._write_sizes()
+            return self._epoch_sizes[epoch]
 
     def locate(self, step: int) -> tuple[int, int]:
         """(epoch, batch index within the epoch) of global ``step`` (0-based)."""
@@ -391,9 +399,14 @@ class MixedBatches:
         # _starts[b]: int64 [corpora] batches each corpus served before block b
         self._starts = [np.zeros(len(corpora), np.int64)]
         self._orders: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()  # see PackedBatches
 
     def _block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         """(corpus of each batch of ``block``, int ``[MIX_BLOCK]``; counts before it)."""
+        with self._lock:
+            return self._block_locked(block)
+
+    def _block_locked(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         while len(self._starts) <= block + 1:
             b = len(self._starts) - 1
             counts = self._starts[b].copy()

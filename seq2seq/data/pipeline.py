@@ -828,7 +828,8 @@ def _report(
         ),
     )
 
-    seen = np.unique(np.concatenate(train_hashes))
+    # each corpus's hashes are sorted and unique already
+    seen = train_hashes[0] if len(train_hashes) == 1 else np.unique(np.concatenate(train_hashes))
     stats["dev_sources_in_train"] = overlap_count(seen, concatenate_datasets(text.dev_ds))
     if need_test:
         stats["test_sources_in_train"] = overlap_count(seen, concatenate_datasets(text.test_ds))

@@ -40,6 +40,7 @@ class Loop:
       progress: step, data position, counters, dev metrics and best/patience bookkeeping.
       pending: the metrics of the steps since the last ``log`` (device arrays).
       window_start / window_real: start time and real tokens of that logging window.
+      window_wait: seconds of that window the loop waited for the next batch (``Prefetcher``).
       new_best: the best-metric value if this step's evaluation improved it, else None
         (a checkpoint saved at this step carries it, so orbax's best is our best).
       stopped: set by an action to end the loop after this step: ``early_stopping``,
@@ -65,6 +66,7 @@ class Loop:
     pending: list = field(default_factory=list)
     window_start: float = field(default_factory=time.perf_counter)
     window_real: int = 0
+    window_wait: float = 0.0
     new_best: float | None = None
     stopped: str | None = None
     signum: int | None = None
@@ -108,15 +110,18 @@ class Action:
 def log_train(loop: Loop) -> None:
     """A ``train`` metrics record over the steps since the last one, and the progress bar."""
     p, c = loop.progress, loop.config.train
+    seconds = time.perf_counter() - loop.window_start
     row = _train_row(
         loop.pending,
         p.step + p.schedule_offset,
         learning_rate_schedule(c, p.horizon),
         loop.window_real,
-        time.perf_counter() - loop.window_start,
+        seconds,
         loop.data.train,
         c.grad_accum_steps,
     )
+    # the share of the window's training time the loop waited for the batch thread
+    row["data_wait_share"] = min(loop.window_wait / max(seconds, 1e-9), 1.0)
     batches = loop.data.train
     if isinstance(batches, MixedBatches):  # the observed share of each corpus so far
         counts = batches.counts(p.micro_batches)
@@ -137,8 +142,10 @@ def log_train(loop: Loop) -> None:
         lr=f"{row['learning_rate']:.2e}",
         tok_s=f"{row['tokens_per_second']:.0f}",
         real=f"{row['real_token_share']:.0%}",
+        data_wait=f"{row['data_wait_share']:.0%}",
     )
     loop.pending, loop.window_start, loop.window_real = [], time.perf_counter(), 0
+    loop.window_wait = 0.0
 
 
 def evaluate(loop: Loop) -> None:

@@ -1,9 +1,12 @@
 """The training data as the loop feeds it: a step's micro-batches on the host
-(``train_batch``, ``HostBatch``) and, when the batching changes on resume, the data position
-remapped by examples (``remap_position``)."""
+(``train_batch``, ``HostBatch``), built ahead in a background thread (``Prefetcher``), and,
+when the batching changes on resume, the data position remapped by examples
+(``remap_position``)."""
 
 from __future__ import annotations
 
+import queue
+import threading
 from typing import Any
 
 import numpy as np
@@ -39,6 +42,69 @@ def train_batch(
     counts = np.sum([batches.tokens_at(first + i) for i in range(accum)], axis=0)
     out.real_tokens, out.target_tokens = int(counts.sum()), int(counts[1])
     return out
+
+
+class Prefetcher:
+    """The host batches of the next optimizer steps, laid out by a background thread.
+
+    Step k's batch is ``train_batch(batches, first + k·accum, accum, share)`` (a function of
+    the position alone, so prefetching changes no value); at most ``depth`` batches wait in
+    the queue, and ``get`` returns them in order (the loop logs the share of step time it
+    spends blocked in ``get`` as ``data_wait_share``). An exception raised while laying out a batch is raised again by the ``get`` of that batch.
+    ``close`` stops the thread (the loop uses it as a context manager).
+    """
+
+    def __init__(
+        self,
+        batches: PackedBatches | MixedBatches,
+        first: int,
+        accum: int,
+        share: tuple[int, int] = (0, 1),
+        depth: int = 2,
+    ):
+        self._next = first
+        self._accum = accum
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._work, args=(batches, first, accum, share), name="batches", daemon=True
+        )
+        self._thread.start()
+
+    def _work(self, batches, position: int, accum: int, share: tuple[int, int]) -> None:
+        while not self._stop.is_set():
+            try:
+                item: Any = train_batch(batches, position, accum, share)
+            except BaseException as e:  # handed to the consumer
+                item = e
+            while not self._stop.is_set():
+                try:
+                    self._queue.put((position, item), timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, BaseException):
+                return
+            position += accum
+
+    def get(self) -> HostBatch:
+        """The next step's batch (blocks until the thread has laid it out)."""
+        position, item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        assert position == self._next, (position, self._next)
+        self._next += self._accum
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def remap_position(batches: PackedBatches | MixedBatches, position: int, old: Any) -> int:

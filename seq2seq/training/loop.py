@@ -27,7 +27,7 @@ from seq2seq.config import Config
 from seq2seq.data.pipeline import PreparedData
 from seq2seq.sharding import Partitioner, agree_to_stop, is_main_process
 from seq2seq.training.actions import Action, Loop, default_actions
-from seq2seq.training.batches import remap_position, train_batch
+from seq2seq.training.batches import Prefetcher, remap_position
 from seq2seq.training.checkpoints import Checkpointer, discarded_message
 from seq2seq.training.early_stopping import MODES, BestTracker
 from seq2seq.training.metrics import MetricsWriter
@@ -371,27 +371,23 @@ def _train_loop(
     # needs the state (log, evaluate, checkpoint, extras) first reads every flag.
     host_only = ("early_stopping", "stop")
     skips = SkipCounter(int(loop.state.skipped), tcfg.max_skipped_steps)
-    with _StopFlag() as stop, contextlib.closing(bar):
+    share, rows = partitioner.process_share(data.train.rows), data.train.rows
+    # the next steps' batches are laid out by a background thread while the device works
+    with (
+        _StopFlag() as stop,
+        contextlib.closing(bar),
+        Prefetcher(data.train, p.micro_batches, accum, share) as prefetch,
+    ):
         loop.stop_flag = stop
-        share, rows = partitioner.process_share(data.train.rows), data.train.rows
-        batch = (
-            train_batch(data.train, p.micro_batches, accum, share) if p.step < loop.steps else None
-        )
         while p.step < loop.steps:
-            if batch is None:  # the time budget raised the step count past the prepared ones
-                batch = train_batch(data.train, p.micro_batches, accum, share)
             t0 = time.perf_counter()
+            batch = prefetch.get()
+            loop.window_wait += time.perf_counter() - t0
             target, real = batch.target_tokens, batch.real_tokens
             loop.state, m = sharded_step(
                 loop.state, partitioner.shard_batch(batch, 1, rows), *horizon
             )
             p.step, p.micro_batches = p.step + 1, p.micro_batches + accum
-            # prepared on the host while the device computes
-            batch = (
-                train_batch(data.train, p.micro_batches, accum, share)
-                if p.step < loop.steps
-                else None
-            )
             loop.pending.append(m)
             loop.window_real += real
             p.tokens_seen += real
