@@ -144,6 +144,22 @@ def test_text_empty_pairs_are_skipped_counted_and_logged(tmp_path, caplog):
     )
 
 
+@pytest.mark.parametrize("rows", [1, 4, 1 << 20])
+def test_text_checks_in_chunks_name_the_same_lines(tmp_path, monkeypatch, rows):
+    """``_clean`` checks CLEAN_ROWS rows at a time: the pairs kept, the skipped places and the
+    line of an error are the same whatever the chunk size."""
+    monkeypatch.setattr(sources, "CLEAN_ROWS", rows)
+    en = ["one", "", "three", "four", "  ", "six", "seven"]
+    es = ["uno", "dos", "", "cuatro", "cinco", "seis", " siete"]
+    prefix = text_corpus(tmp_path, lines(en), lines(es))
+    skipped = []
+    ds = load_parallel(SourceConfig(format="text", path=prefix), "en", "es", skipped=skipped)
+    assert pairs(ds) == [("one", "uno"), ("four", "cuatro"), ("six", "seis"), ("seven", "siete")]
+    assert skipped == [f"{prefix}.en:2", f"{prefix}.es:3", f"{prefix}.en:5"]
+    with pytest.raises(DataError, match=r"corpus\.en:2: empty source sentence"):
+        load_parallel(SourceConfig(format="text", path=prefix), "en", "es", skip_empty=False)
+
+
 def test_skipped_pairs_are_named_first_few_in_the_warning_all_in_the_list(tmp_path, caplog):
     en = [f"s{i}" if i % 2 else "" for i in range(20)]  # 10 empty sources: lines 1, 3, ..., 19
     prefix = text_corpus(tmp_path, lines(en), lines([f"t{i}" for i in range(20)]))
@@ -511,3 +527,27 @@ def test_shipped_tatoeba_train_split_loads_aligned():
     assert train[-1] == {"source": en[-1], "target": es[-1]}
     dev = load_parallel(SourceConfig(format="text", path=str(TATOEBA / "dev")), "en", "es")
     assert overlap_report(train, dev) == 0  # the split keeps dev sentences out of train
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5, 1 << 24])
+def test_text_file_checks_in_blocks_give_the_same_counts_and_lines(tmp_path, monkeypatch, chunk):
+    """``_checked_line_count`` reads CHECK_BYTES at a time: the line count (a BOM, CRLF, a
+    missing final newline) and the line named by an error do not depend on the block size."""
+    monkeypatch.setattr(sources, "CHECK_BYTES", chunk)
+    good = tmp_path / "good.en"
+    good.write_bytes("\ufeffuno\r\ndós\n\ntres".encode())
+    assert sources._checked_line_count(good) == 4
+    bom_only = tmp_path / "bom.en"
+    bom_only.write_bytes("\ufeff".encode())
+    assert sources._checked_line_count(bom_only) == 0
+    bad = tmp_path / "bad.en"
+    bad.write_bytes(b"uno\ndos\nt\xffres\n")
+    with pytest.raises(DataError, match=r"bad\.en:3: invalid UTF-8 \(byte 0xff at byte 2 "):
+        sources._checked_line_count(bad)
+    cr = tmp_path / "cr.en"
+    cr.write_bytes(b"uno\r\ndos\rtres\n")
+    with pytest.raises(DataError, match=r"cr\.en:2: carriage return"):
+        sources._checked_line_count(cr)
+    gz = tmp_path / "g.en.gz"
+    gz.write_bytes(gzip.compress(b"a\nb\n"))
+    assert sources._checked_line_count(gz) == 2

@@ -136,6 +136,23 @@ def test_model_type_and_sampling_options_reach_the_trainer(tmp_path, model_type,
     assert spec.character_coverage == pytest.approx(0.999)
 
 
+def test_the_sample_is_capped_in_characters(tmp_path):
+    """``input_character_size`` lowers SentencePiece's sentence count to the cap over the
+    mean length (a count that already fits, or no cap, is passed as it is)."""
+    from seq2seq.data.tokenizer import sample_size
+
+    texts = ["abcd" * (1 + i % 3) for i in range(3000)]  # 4, 8, 12 characters: mean 8
+    assert sample_size(texts, cfg(input_sentence_size=0, input_character_size=8000)) == 1000
+    assert sample_size(texts, cfg(input_sentence_size=500, input_character_size=8000)) == 500
+    assert sample_size(texts, cfg(input_sentence_size=0, input_character_size=0)) == 0
+    assert sample_size(texts, cfg(input_sentence_size=2000, input_character_size=10**6)) == 2000
+    assert sample_size(texts, cfg(input_sentence_size=0, input_character_size=80)) == 101
+    en, es = corpus(400)
+    mean = sum(map(len, en + es)) / 800
+    tok = train_or_load(en + es, cfg(input_sentence_size=0, input_character_size=400 * mean), tmp_path)
+    assert trainer_spec(tok).input_sentence_size == pytest.approx(400, abs=40)
+
+
 def test_user_defined_symbols_are_never_split(tmp_path):
     en, es = corpus()
     tok = train_or_load(en + es, cfg(user_defined_symbols=["<2es>", "<2en>"]), tmp_path)

@@ -21,6 +21,7 @@ result is the loader's memory-mapped cache itself, unchanged.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import glob
@@ -265,6 +266,58 @@ def _read_checked(path: Path) -> str:
     return text
 
 
+CHECK_BYTES = 1 << 24  # bytes of a text file checked at a time (``_checked_line_count``)
+
+
+def _check_block(data: bytes, path: Path, lines_before: int) -> None:
+    """``_read_checked``'s checks on whole lines ``data`` that follow ``lines_before`` lines."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = lines_before + data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(
+            f"{path}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte "
+            f"{column} of the line)"
+        ) from None
+    if data.count(b"\r") != data.count(b"\r\n"):
+        bare = re.search(r"\r(?!\n)", text)
+        assert bare is not None  # more \r than \r\n
+        line = lines_before + text.count("\n", 0, bare.start()) + 1
+        raise DataError(
+            f"{path}:{line}: carriage return (\\r) inside a line; datasets would "
+            "read it as a line break and misalign the pairs (use \\n or \\r\\n "
+            "line ends)"
+        )
+
+
+def _checked_line_count(path: Path) -> int:
+    """The line count of ``_read_checked(path)``'s text, with its checks and errors
+    (file:line), read ``CHECK_BYTES`` at a time: a WMT-size file is never all in memory."""
+    lines, rest, start = 0, b"", True
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(CHECK_BYTES), b""):
+                data = rest + chunk
+                if start and data.startswith(codecs.BOM_UTF8):
+                    data, start = data[len(codecs.BOM_UTF8) :], False
+                elif len(data) >= len(codecs.BOM_UTF8):
+                    start = False
+                cut = data.rfind(b"\n") + 1
+                if cut:
+                    _check_block(data[:cut], path, lines)
+                    lines += data.count(b"\n", 0, cut)
+                rest = data[cut:]
+    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
+        raise DataError(f"{path}: cannot read: {e}") from e
+    if start and rest.startswith(codecs.BOM_UTF8):  # a file of fewer bytes than its BOM
+        rest = rest[len(codecs.BOM_UTF8) :]
+    if rest:
+        _check_block(rest, path, lines)
+        lines += 1
+    return lines
+
+
 def read_lines(path: str | Path | None) -> list[str]:
     """Lines of a UTF-8 file, ``.gz`` or standard input (None or ``-``), as the training
     loaders read them: no byte-order mark, ``\\n`` ends a line, the ``\\r`` of CRLF dropped.
@@ -284,10 +337,6 @@ def _split_lines(text: str) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def _count_lines(text: str) -> int:
-    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
 
 
 @contextlib.contextmanager
@@ -339,7 +388,7 @@ def _load_text(
                 f"found for {prefix}: {', '.join(found) or 'none'}"
             )
     files = [_existing(f"{source.path}.{lang}") for lang in (src_lang, tgt_lang)]
-    counts = [_count_lines(_read_checked(f)) for f in files]
+    counts = [_checked_line_count(f) for f in files]
     if counts[0] != counts[1]:
         raise DataError(
             f"{split_name}: {files[0]} has {counts[0]} lines but {files[1]} has "
@@ -629,6 +678,9 @@ def _rename(ds: Dataset, src_col: str, tgt_col: str) -> Dataset:
 # Cleaning: strip, drop empty pairs
 
 
+CLEAN_ROWS = 1 << 20  # rows of a split checked at a time (``_clean``)
+
+
 def _strip(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """Drop a leading byte-order mark and surrounding (Unicode) whitespace."""
     return pc.utf8_trim_whitespace(pc.replace_substring_regex(array, "^\ufeff", ""))
@@ -652,19 +704,31 @@ def _clean(
 ) -> Dataset:
     table = ds.with_format("arrow")[:]
     changed = False
-    empty = None
-    for column in ("source", "target"):
-        values = table[column]
-        if values.null_count:
-            i = pc.index(pc.is_null(values), True).as_py()
-            raise DataError(f"{locate(column, i)}: missing (null) sentence")
-        stripped = _strip(values)
-        changed = changed or not pc.all(pc.equal(stripped, values)).as_py()
-        is_empty = pc.equal(pc.utf8_length(stripped), 0)
-        if not skip_empty and pc.any(is_empty).as_py():
-            i = pc.index(is_empty, True).as_py()
-            raise DataError(f"{locate(column, i)}: empty {column} sentence (skip_empty is off)")
-        empty = is_empty if empty is None else pc.or_(empty, is_empty)
+    empties, source_empties = [], []
+    # checked CLEAN_ROWS rows at a time: the stripped copies of a WMT-size column never
+    # exist all at once
+    for first in range(0, len(table), CLEAN_ROWS):
+        part = table.slice(first, CLEAN_ROWS)
+        empty = None
+        for column in ("source", "target"):
+            values = part[column]
+            if values.null_count:
+                i = first + pc.index(pc.is_null(values), True).as_py()
+                raise DataError(f"{locate(column, i)}: missing (null) sentence")
+            stripped = _strip(values)
+            changed = changed or not pc.all(pc.equal(stripped, values)).as_py()
+            is_empty = pc.equal(pc.utf8_length(stripped), 0)
+            del stripped
+            if not skip_empty and pc.any(is_empty).as_py():
+                i = first + pc.index(is_empty, True).as_py()
+                raise DataError(
+                    f"{locate(column, i)}: empty {column} sentence (skip_empty is off)"
+                )
+            if column == "source":
+                source_empties.append(is_empty)
+            empty = is_empty if empty is None else pc.or_(empty, is_empty)
+        empties.append(empty)
+    empty = pa.chunked_array(empties, pa.bool_())
     n_empty = int(pc.sum(empty).as_py() or 0) if len(table) else 0
     if changed or n_empty:  # cached like any map: a second load reads the result back
         ds = (
@@ -673,7 +737,7 @@ def _clean(
             .with_format(None)
         )
     if n_empty:
-        source_empty = pc.equal(pc.utf8_length(_strip(table["source"])), 0).to_pylist()
+        source_empty = pa.chunked_array(source_empties, pa.bool_()).to_pylist()
         places = [
             locate("source" if source_empty[i] else "target", i)
             for i in pc.indices_nonzero(empty).to_pylist()

@@ -47,6 +47,7 @@ _TRAINING_OPTIONS = (
 )
 # Later options, hashed only when not at their default (so older runs keep their models).
 _NEWER_OPTIONS = {
+    "input_character_size": 50_000_000,
     "normalization": "nmt_nfkc",
     "byte_fallback": False,
     "remove_extra_whitespaces": True,
@@ -290,6 +291,11 @@ def check_options(config: TokenizerConfig) -> None:
             f"tokenizer.input_sentence_size={config.input_sentence_size}: "
             "use 0 (all sentences) or more than 100"
         )
+    if config.input_character_size < 0:
+        raise TokenizerError(
+            f"tokenizer.input_character_size={config.input_character_size}: "
+            "use 0 (no cap) or a positive number of characters"
+        )
     symbols = list(config.user_defined_symbols)
     if any(not s for s in symbols) or len(set(symbols)) != len(symbols):
         raise TokenizerError(
@@ -343,6 +349,25 @@ def _fingerprint(texts: Sequence[str], config: TokenizerConfig) -> str:
         h.update(t.encode("utf-8"))
         h.update(b"\n")
     return h.hexdigest()
+
+
+PROBE_SENTENCES = 4096  # sentences measured for the mean length (``sample_size``)
+
+
+def sample_size(texts: Sequence[str], config: TokenizerConfig) -> int:
+    """SentencePiece's ``input_sentence_size`` for ``texts``: ``config.input_sentence_size``
+    (0 = all), lowered so that the sample holds about ``config.input_character_size``
+    characters at the mean sentence length of ``PROBE_SENTENCES`` sentences spread evenly over
+    ``texts`` (never below 101, SentencePiece's floor; 0 when every sentence fits)."""
+    size, cap, n = config.input_sentence_size, config.input_character_size, len(texts)
+    if not cap or n == 0:
+        return size
+    step = max(n // PROBE_SENTENCES, 1)
+    probe = [len(texts[i]) for i in range(0, n, step)]
+    by_chars = max(int(cap / max(sum(probe) / len(probe), 1.0)), 101)
+    if by_chars >= n:
+        return size
+    return by_chars if size == 0 else min(size, by_chars)
 
 
 def _write_meta(path: Path, meta: dict) -> None:
@@ -454,7 +479,7 @@ def train_or_load(
             vocab_size=config.vocab_size,
             model_type=config.model_type,
             character_coverage=config.character_coverage,
-            input_sentence_size=config.input_sentence_size,
+            input_sentence_size=sample_size(texts, config),
             shuffle_input_sentence=True,
             user_defined_symbols=list(config.user_defined_symbols),
             normalization_rule_name=config.normalization,
