@@ -110,6 +110,52 @@ def load_parallel(
     """
     if src_lang == tgt_lang:
         raise DataError(f"{split_name}: source and target language are both {src_lang!r}")
+    files = input_files(source, src_lang, tgt_lang)
+    key = None
+    if files is not None:  # plain files: the same read of unchanged files is not done twice
+        key = (repr(source), src_lang, tgt_lang, skip_empty, split_name, *map(_identity, files))
+        if key in _READ:
+            ds, places = _READ[key]
+            if skipped is not None:
+                skipped.extend(places)
+            return ds
+    places: list[str] = []
+    ds = _load_parallel(source, src_lang, tgt_lang, skip_empty, split_name, places)
+    if skipped is not None:
+        skipped.extend(places)
+    if key is not None:
+        _READ[key] = (ds, places)
+        while len(_READ) > 4:
+            del _READ[next(iter(_READ))]
+    return ds
+
+
+def _identity(path: Path) -> tuple:
+    """What tells a file's contents apart cheaply: path, inode, size, mtime and a hash of its
+    first and last 64 KiB (a rewrite within the clock's tick changes them)."""
+    st = path.stat()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 16))
+        f.seek(max(st.st_size - (1 << 16), 0))
+        h.update(f.read(1 << 16))
+    return (str(path), st.st_ino, st.st_size, st.st_mtime_ns, h.hexdigest())
+
+
+# The last few plain-file reads of this process (``load_parallel``): the recipe's count and
+# the data preparation of one command read the training corpus once. Datasets are memory-
+# mapped from the ``datasets`` cache, so keeping them costs no copy of the text.
+_READ: dict[tuple, tuple[Dataset, list[str]]] = {}
+
+
+def _load_parallel(
+    source: SourceConfig,
+    src_lang: str,
+    tgt_lang: str,
+    skip_empty: bool,
+    split_name: str,
+    skipped: list[str],
+) -> Dataset:
     fmt = source.format
     if fmt == "text":
         ds, locate = _load_text(source, src_lang, tgt_lang, split_name)

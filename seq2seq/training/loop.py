@@ -240,6 +240,16 @@ def fit(
                 index,
                 data.train.batches_in_epoch(epoch),
             )
+        # the batch thread starts now: packing the epoch of the first batch (seconds at WMT
+        # size) overlaps with building and compiling the step
+        prefetch = cleanup.enter_context(
+            Prefetcher(
+                data.train,
+                progress.micro_batches,
+                tcfg.grad_accum_steps,
+                partitioner.process_share(data.train.rows),
+            )
+        )
         writer = cleanup.enter_context(
             contextlib.closing(
                 MetricsWriter(workdir, resume_step=progress.last_saved, enabled=is_main_process())
@@ -295,6 +305,7 @@ def fit(
             writer,
             dev_bleu,
             partitioner,
+            prefetch,
             actions,
         )
         test_params, test_step = _test_params(
@@ -328,6 +339,7 @@ def _train_loop(
     writer: MetricsWriter,
     dev_bleu: DevBleu | None,
     partitioner: Partitioner,
+    prefetch: Prefetcher,
     extra_actions: Sequence[Action] = (),
 ) -> tuple[Any, str]:
     """The driver: run steps and, after each, the actions that are due; returns (state, why
@@ -371,13 +383,10 @@ def _train_loop(
     # needs the state (log, evaluate, checkpoint, extras) first reads every flag.
     host_only = ("early_stopping", "stop")
     skips = SkipCounter(int(loop.state.skipped), tcfg.max_skipped_steps)
-    share, rows = partitioner.process_share(data.train.rows), data.train.rows
-    # the next steps' batches are laid out by a background thread while the device works
-    with (
-        _StopFlag() as stop,
-        contextlib.closing(bar),
-        Prefetcher(data.train, p.micro_batches, accum, share) as prefetch,
-    ):
+    rows = data.train.rows
+    # the next steps' batches are laid out by a background thread (``prefetch``, started by
+    # ``fit`` at the data position) while the device works
+    with _StopFlag() as stop, contextlib.closing(bar):
         loop.stop_flag = stop
         while p.step < loop.steps:
             t0 = time.perf_counter()
