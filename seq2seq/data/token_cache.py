@@ -17,9 +17,11 @@ model's bytes, so changed text or a retrained model is tokenized again; older st
 same name are then removed. A store that cannot be read is tokenized again (with a warning),
 never trusted.
 
-Tokenizing streams the text in blocks of ``BLOCK`` sentences, each encoded by SentencePiece
-on all cores (``num_threads=-1``: its wrapper runs ``0`` as one thread), and appends the
-block's ids to the file, so neither the text nor the ids are ever all in memory.
+Tokenizing streams the text in blocks of ``BLOCK`` sentences and appends each block's ids
+to the file, so neither the text nor the ids are ever all in memory. A text of more than a
+few blocks is encoded by one worker process per core (``encode_blocks``: SentencePiece's own
+threads, ``num_threads=-1``, stop scaling at the Python lists of ids it returns, which a
+worker turns into an array); a short one in this process.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ import hashlib
 import itertools
 import json
 import logging
+import multiprocessing
 import os
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -286,11 +291,12 @@ def write_store(
     cache_dir: str | Path,
     name: str,
     key: str,
-    blocks: Iterator[list[list[int]]],
+    blocks: Iterator[list[list[int]] | tuple[np.ndarray, np.ndarray]],
     vocab_size: int,
     meta: dict | None = None,
 ) -> TokenIds:
-    """Write the ids of ``blocks`` (each a list of id lists) as store ``{name}.{key}``, remove
+    """Write the ids of ``blocks`` (each a list of id lists, or ``encode_blocks``' (lengths,
+    ids) arrays) as store ``{name}.{key}``, remove
     older stores of ``name``, and return the store mapped back."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -302,11 +308,14 @@ def write_store(
     with open(tmp[0], "wb") as ids_file, open(tmp[1], "wb") as off_file:
         off_file.write(np.zeros(1, np.int64).tobytes())
         for block in blocks:
-            lengths = np.fromiter(map(len, block), np.int64, len(block))
-            flat = np.fromiter(itertools.chain.from_iterable(block), dtype, int(lengths.sum()))
+            if isinstance(block, tuple):  # encode_blocks' (lengths, ids) arrays
+                lengths, flat = block[0], block[1].astype(dtype)
+            else:
+                lengths = np.fromiter(map(len, block), np.int64, len(block))
+                flat = np.fromiter(itertools.chain.from_iterable(block), dtype, int(lengths.sum()))
             ids_file.write(flat.tobytes())
             off_file.write((total + np.cumsum(lengths)).tobytes())
-            n, total = n + len(block), total + int(lengths.sum())
+            n, total = n + len(lengths), total + int(lengths.sum())
     for t, p in zip(tmp, (ids_path, off_path)):
         t.replace(p)
     record = {
@@ -326,10 +335,60 @@ def write_store(
     return stored[0]
 
 
-def encode_blocks(tokenizer: Tokenizer, texts: Sequence[str]) -> Iterator[list[list[int]]]:
-    """``tokenizer``'s ids (EOS appended) of ``texts``, a block of sentences at a time."""
-    for block in _blocks(texts):
-        yield tokenizer.sp.encode(block, out_type=int, add_eos=True, num_threads=-1)
+def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """One block's id lists → (int64 ``[n]`` lengths, int32 ``[total]`` concatenation)."""
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    return lengths, np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
+
+
+_WORKER_MODEL: Any = None  # a worker process's SentencePiece model (``_start_worker``)
+
+
+def _start_worker(model_proto: bytes) -> None:
+    global _WORKER_MODEL
+    import sentencepiece as spm
+
+    _WORKER_MODEL = spm.SentencePieceProcessor(model_proto=model_proto)
+
+
+def _encode_in_worker(block: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    return _flatten(_WORKER_MODEL.encode(block, out_type=int, add_eos=True))
+
+
+def worker_count() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``, else ``os.cpu_count``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def encode_blocks(
+    tokenizer: Tokenizer, texts: Sequence[str], workers: int | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``tokenizer``'s ids (EOS appended) of ``texts`` a block of ``BLOCK`` sentences at a
+    time, in order, as ``_flatten`` arrays. With ``workers`` (default: ``worker_count()``)
+    above 1 and more than two blocks, the blocks are encoded by that many worker processes
+    (spawned: this process may run JAX threads), at most two blocks per worker in flight."""
+    workers = worker_count() if workers is None else workers
+    if workers < 2 or len(texts) <= 2 * BLOCK:
+        for block in _blocks(texts):
+            yield _flatten(tokenizer.sp.encode(block, out_type=int, add_eos=True, num_threads=-1))
+        return
+    log.info("tokenizing %d sentences in %d worker processes", len(texts), workers)
+    with ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_start_worker,
+        initargs=(tokenizer.sp.serialized_model_proto(),),
+    ) as pool:
+        pending: deque[Future] = deque()
+        for block in _blocks(texts):
+            pending.append(pool.submit(_encode_in_worker, block))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def encode_cached(
@@ -363,8 +422,10 @@ def encode_cached(
     start = time.perf_counter()
     if cache_dir is None:
         blocks = list(encode_blocks(tokenizer, texts))
-        ids = TokenIds.from_list([np.asarray(x, np.int32) for b in blocks for x in b])
-        return ids, False, time.perf_counter() - start
+        lengths = np.concatenate([b[0] for b in blocks]) if blocks else np.zeros(0, np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        flat = np.concatenate([b[1] for b in blocks]) if blocks else np.zeros(0, np.int32)
+        return TokenIds(flat, offsets), False, time.perf_counter() - start
     key = content_key(texts, tokenizer, inputs=inputs)
     stored = read_store(cache_dir, name, key)
     if stored is not None:
