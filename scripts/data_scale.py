@@ -14,7 +14,8 @@ from the config's log line to it (``prepare_seconds``), the start-up phases of t
 (``read_seconds``, ``tokenizer_seconds``, ``tokenize_seconds``, ``token_cache_seconds``), and
 the process's peak memory: ``VmHWM``
 (resident, mapped files included) and the peak of ``RssAnon`` (its own memory, without the
-page-cache-shared token store), sampled every 0.2 s from ``/proc``. Linux only.
+page-cache-shared token store), alone and summed with its tokenizing worker processes,
+sampled every 0.2 s from ``/proc``. Linux only.
 
 ``--processes K`` runs K processes of one host (``jax.distributed`` on localhost, one CPU
 device each, ``mesh.data=K``) and reports each process's peaks, their ``RssFile`` (the mapped
@@ -100,6 +101,25 @@ def _memory(pid: int) -> dict[str, int]:
     return out
 
 
+def _descendants(pid: int) -> list[int]:
+    """The pids of ``pid``'s children, their children, ... (``/proc/*/task/*/children``)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                kids = [int(x) for x in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
 def _host_used() -> int:
     """kB of the host's memory in use: ``MemTotal - MemAvailable`` of ``/proc/meminfo``."""
     info = {}
@@ -129,6 +149,7 @@ def run_to_first_step(
         )
     first_step = None
     peak_anon, hwm, peak_file = [0] * processes, [0] * processes, [0] * processes
+    peak_tree = [0] * processes  # RssAnon of a process and its workers (tokenizing) together
     peak_host = 0
     try:
         while any(p.poll() is None for p in procs):
@@ -137,6 +158,10 @@ def run_to_first_step(
                 peak_anon[i] = max(peak_anon[i], mem.get("RssAnon", 0))
                 hwm[i] = max(hwm[i], mem.get("VmHWM", 0))
                 peak_file[i] = max(peak_file[i], mem.get("RssFile", 0))
+                tree = mem.get("RssAnon", 0) + sum(
+                    _memory(kid).get("RssAnon", 0) for kid in _descendants(proc.pid)
+                )
+                peak_tree[i] = max(peak_tree[i], tree)
             peak_host = max(peak_host, _host_used() - host_before)
             if first_step is None and metrics.is_file():
                 records = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
@@ -174,6 +199,7 @@ def run_to_first_step(
         "seconds_total": time.perf_counter() - start,
         "returncode": procs[0].returncode,
         "peak_rss_anon_mb": peak_anon[0] / 1024,
+        "peak_rss_anon_with_workers_mb": peak_tree[0] / 1024,
         "peak_rss_mb": hwm[0] / 1024,
         "phases": phases,
         "log": str(log_path),
@@ -182,6 +208,7 @@ def run_to_first_step(
         record.update(
             returncodes=[p.returncode for p in procs],
             peak_rss_anon_mb_per_process=[x / 1024 for x in peak_anon],
+            peak_rss_anon_with_workers_mb_per_process=[x / 1024 for x in peak_tree],
             peak_rss_file_mb_per_process=[x / 1024 for x in peak_file],
             peak_rss_mb_per_process=[x / 1024 for x in hwm],
             host_used_mb_above_start=peak_host / 1024,

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
@@ -262,13 +263,34 @@ def main_process_first(name: str) -> Iterator[None]:
     if jax.process_count() == 1:
         yield
         return
-    from jax.experimental import multihost_utils
-
     if not is_main_process():
-        multihost_utils.sync_global_devices(name)
+        wait_for_all(name)
     yield
     if is_main_process():
+        wait_for_all(name)
+
+
+BARRIER_TIMEOUT_S = 6 * 3600  # process 0 may tokenize a WMT-size corpus meanwhile
+_barriers = itertools.count()
+
+
+def wait_for_all(name: str, timeout_s: int = BARRIER_TIMEOUT_S) -> None:
+    """A barrier of every process, through ``jax.distributed``'s coordination service (no
+    device collective: those give up after about 30 s on the CPU, while process 0 may prepare
+    a large corpus for minutes). Every process must call it in the same order.
+
+    Raises:
+      RuntimeError: (from JAX) a process did not arrive within ``timeout_s``.
+    """
+    from jax._src import distributed  # the client orbax's barriers use too
+
+    client = distributed.global_state.client
+    if client is None:  # not started by jax.distributed.initialize: devices' barrier
+        from jax.experimental import multihost_utils
+
         multihost_utils.sync_global_devices(name)
+        return
+    client.wait_at_barrier(f"seq2seq/{name}/{next(_barriers)}", timeout_s * 1000)
 
 
 def agree_on_steps(steps: int) -> int:
