@@ -11,6 +11,8 @@ Modes:
   multiprocess  2 devices per process, ``jax.distributed`` on 127.0.0.1: the same steps.
   host_batches  2 devices per process, 2 processes: each lays out only its rows of the
                 training batches, assembled into global arrays.
+  main_first    2 processes: process 0 spends 40 s in ``main_process_first`` (a long data
+                preparation); the other waits for it and then sees its file.
   loop          2 devices per process, 2 processes: the real ``seq2seq-train`` command on a
                 (1,2,2) mesh (overrides after ``--``).
 """
@@ -378,6 +380,30 @@ def host_batches(out: Path, process_id: int, num_processes: int, port: int) -> N
     multihost_utils.sync_global_devices("done")
 
 
+def main_first(out: Path, process_id: int, num_processes: int, port: int) -> None:
+    """Process 0 takes 40 s in ``main_process_first`` (longer than the ~30 s a device
+    collective waits on the CPU), then writes a file the others read after their turn."""
+    import time
+
+    from seq2seq.sharding import main_process_first
+
+    initialize_distributed(
+        DistributedConfig(
+            coordinator_address=f"127.0.0.1:{port}",
+            num_processes=num_processes,
+            process_id=process_id,
+            initialization_timeout=120,
+        )
+    )
+    marker = out / "prepared.txt"
+    with main_process_first("prepare"):
+        if process_id == 0:
+            time.sleep(40)
+            marker.write_text("done")
+        seen = marker.read_text()
+    (out / f"main_first_{process_id}.txt").write_text(seen)
+
+
 def loop(overrides: list[str]) -> None:
     """The training command as a user runs it, on every process."""
     from seq2seq import cli
@@ -389,7 +415,9 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["loop"]:
         loop(sys.argv[sys.argv.index("--") + 1 :])
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["meshes", "continue", "multiprocess", "host_batches"])
+    parser.add_argument(
+        "mode", choices=["meshes", "continue", "multiprocess", "host_batches", "main_first"]
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--process-id", type=int, default=0)
     parser.add_argument("--num-processes", type=int, default=2)
@@ -401,5 +429,7 @@ if __name__ == "__main__":
         continue_on_one_device(args.out)
     elif args.mode == "host_batches":
         host_batches(args.out, args.process_id, args.num_processes, args.port)
+    elif args.mode == "main_first":
+        main_first(args.out, args.process_id, args.num_processes, args.port)
     else:
         multiprocess(args.out, args.process_id, args.num_processes, args.port)

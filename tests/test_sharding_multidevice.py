@@ -148,6 +148,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # 40 s of waiting
+def test_other_processes_wait_for_a_long_preparation_on_process_0(tmp_path):
+    """``main_process_first`` waits at the coordination service's barrier: process 1 waits
+    the 40 s process 0 prepares (a device collective gave up after 30 s at 4.5M pairs)."""
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), "main_first", "--out", str(tmp_path)]
+            + ["--process-id", str(i), "--num-processes", "2", "--port", port],
+            env=_env(1),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        logs = [p.communicate(timeout=300)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, p in enumerate(procs):
+        assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+        assert (tmp_path / f"main_first_{i}.txt").read_text() == "done"
+
+
 def test_each_process_lays_out_only_its_rows_and_together_they_are_the_global_batch(tmp_path):
     """2 processes × 2 CPU devices, data parallel over all 4: ``train_batch`` with the
     partitioner's ``process_share`` lays out half the rows of every micro-batch."""
