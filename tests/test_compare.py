@@ -160,3 +160,17 @@ def test_quality_comparison_runs_both_systems_on_a_proxy(tmp_path):
         assert side["bleu_signature"].startswith("nrefs:1|case:mixed")
     text = docs.read_text()
     assert "old" not in text and "| long | 150 |" in text and text.endswith("end -->\ny\n")
+
+
+@pytest.mark.slow  # ~1 min: the tiny preset's three programs on each side
+def test_step_profile_times_nested_programs_of_both_sides(tmp_path):
+    """``scripts/profile_step.py``: on each side the forward alone takes less than the whole
+    step that contains it (the programs are nested as the phases assume)."""
+    for name in ("torch", "transformers", "ctranslate2"):
+        pytest.importorskip(name, reason=f"{name} comes with the optional extra 'compare'")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import profile_step
+
+    result = profile_step.profile("tiny", calls=1, threads=2, directory=tmp_path)
+    for side in ("ours", "pytorch"):
+        assert 0 < result[side]["forward"] < result[side]["step"], result[side]
