@@ -144,9 +144,7 @@ def run_to_first_step(
     for i in range(processes):
         logs.append(open(log_path.with_suffix(f".{i}.log") if i else log_path, "w"))
         extra = [f"distributed.process_id={i}"] if processes > 1 else []
-        procs.append(
-            subprocess.Popen(command + extra, stdout=logs[-1], stderr=subprocess.STDOUT)
-        )
+        procs.append(subprocess.Popen(command + extra, stdout=logs[-1], stderr=subprocess.STDOUT))
     first_step = None
     peak_anon, hwm, peak_file = [0] * processes, [0] * processes, [0] * processes
     peak_tree = [0] * processes  # RssAnon of a process and its workers (tokenizing) together

@@ -188,7 +188,7 @@ def use_compile_cache(workdir: Path) -> None:
     steps it compiled before instead of compiling them again (the same programs)."""
     import jax
 
-    if not jax.config.jax_compilation_cache_dir:
+    if not jax.config.jax_compilation_cache_dir:  # type: ignore[attr-defined]
         jax.config.update("jax_compilation_cache_dir", str(compile_cache_dir(workdir)))
 
 

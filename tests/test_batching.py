@@ -208,7 +208,9 @@ def test_prefetcher_gives_the_train_batch_sequence_and_raises_its_errors():
                 np.testing.assert_array_equal(got[key], want[key])
             assert (got.real_tokens, got.target_tokens) == (want.real_tokens, want.target_tokens)
             batches.locate(first + k * accum)  # the main thread's checkpoint metadata
-    assert batches._epoch_sizes == [reference.batches_in_epoch(e) for e in range(len(batches._epoch_sizes))]
+    assert batches._epoch_sizes == [
+        reference.batches_in_epoch(e) for e in range(len(batches._epoch_sizes))
+    ]
 
     class Broken:
         rows = 4

@@ -149,7 +149,9 @@ def test_the_sample_is_capped_in_characters(tmp_path):
     assert sample_size(texts, cfg(input_sentence_size=0, input_character_size=80)) == 101
     en, es = corpus(400)
     mean = sum(map(len, en + es)) / 800
-    tok = train_or_load(en + es, cfg(input_sentence_size=0, input_character_size=400 * mean), tmp_path)
+    tok = train_or_load(
+        en + es, cfg(input_sentence_size=0, input_character_size=400 * mean), tmp_path
+    )
     assert trainer_spec(tok).input_sentence_size == pytest.approx(400, abs=40)
 
 

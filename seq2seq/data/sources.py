@@ -115,9 +115,9 @@ def load_parallel(
     if files is not None:  # plain files: the same read of unchanged files is not done twice
         key = (repr(source), src_lang, tgt_lang, skip_empty, split_name, *map(_identity, files))
         if key in _READ:
-            ds, places = _READ[key]
+            ds, known = _READ[key]
             if skipped is not None:
-                skipped.extend(places)
+                skipped.extend(known)
             return ds
     places: list[str] = []
     ds = _load_parallel(source, src_lang, tgt_lang, skip_empty, split_name, places)
@@ -767,9 +767,7 @@ def _clean(
             del stripped
             if not skip_empty and pc.any(is_empty).as_py():
                 i = first + pc.index(is_empty, True).as_py()
-                raise DataError(
-                    f"{locate(column, i)}: empty {column} sentence (skip_empty is off)"
-                )
+                raise DataError(f"{locate(column, i)}: empty {column} sentence (skip_empty is off)")
             if column == "source":
                 source_empties.append(is_empty)
             empty = is_empty if empty is None else pc.or_(empty, is_empty)

@@ -50,8 +50,9 @@ class Prefetcher:
     Step k's batch is ``train_batch(batches, first + k·accum, accum, share)`` (a function of
     the position alone, so prefetching changes no value); at most ``depth`` batches wait in
     the queue, and ``get`` returns them in order (the loop logs the share of step time it
-    spends blocked in ``get`` as ``data_wait_share``). An exception raised while laying out a batch is raised again by the ``get`` of that batch.
-    ``close`` stops the thread (the loop uses it as a context manager).
+    spends blocked in ``get`` as ``data_wait_share``). An exception raised while laying out a
+    batch is raised again by the ``get`` of that batch. ``close`` stops the thread (the loop
+    uses it as a context manager).
     """
 
     def __init__(
