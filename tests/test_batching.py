@@ -227,3 +227,25 @@ def test_prefetcher_gives_the_train_batch_sequence_and_raises_its_errors():
         prefetch.get(), prefetch.get()
         with pytest.raises(ValueError, match="bad batch 2"):
             prefetch.get()
+
+
+def test_a_resume_in_epoch_5_packs_only_epoch_5(tmp_path, monkeypatch):
+    """With the epoch sizes kept (``sizes_file``), a fresh reader locating a step in epoch 5
+    packs epoch 5 alone, as a resume in epoch 0 packs epoch 0 alone, and lays out the same
+    batch as the reader that packed every epoch."""
+    from seq2seq.data import batching
+
+    src, tgt = random_pairs(300, np.random.default_rng(4))
+    sizes = tmp_path / "train.epochs.json"
+    first = PackedBatches(src, tgt, max_len=24, rows=4, seed=2, sizes_file=sizes)
+    step = sum(first.batches_in_epoch(e) for e in range(5)) + 3  # the 4th batch of epoch 5
+    want = first.batch_at(step)
+    packed = []
+    real = batching.pack_rows
+    monkeypatch.setattr(batching, "pack_rows", lambda *a, **k: packed.append(1) or real(*a, **k))
+    resumed = PackedBatches(src, tgt, max_len=24, rows=4, seed=2, sizes_file=sizes)
+    assert resumed.locate(step) == (5, 3)
+    got = resumed.batch_at(step)
+    assert len(packed) == 1  # epoch 5's packing, nothing of epochs 0-4
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key])
