@@ -358,16 +358,22 @@ def markdown(result: dict[str, Any]) -> str:
         f"{d} matmul peak {p['median']:.0f} GFLOP/s ({p['min']:.0f}–{p['max']:.0f}, `jnp.dot`)"
         for d, p in m["peak_gflops_per_second"].items()
     )
+    pairs = {
+        "float32": "ours float32 against PyTorch float32",
+        "bfloat16": "ours with bfloat16 matmul operands against PyTorch's bfloat16 autocast",
+    }
+    matched = "; ".join(pairs[x] for x in m["precisions"]) + (
+        " (CTranslate2 has no CPU bfloat16: its float32 and int8 in both rows)"
+        if "bfloat16" in m["precisions"]
+        else ""
+    )
     rng = lambda s, f=num: f"{f(s['median'])} ({f(s['min'])}–{f(s['max'])})"
     ratio = lambda x: f"{x:.2f}×"
     lines = [
         f"Measured by `scripts/compare.py` on {m['date']}: {mach['cpu']}, "
         f"{mach['cpus_usable']} cores ({m['threads']} threads each side), load average "
         f"{mach['load_average_start'][0]:.1f} at the start and {m['load_average_end'][0]:.1f} "
-        f"at the end; {peaks}; precision matched: ours float32 against PyTorch float32, ours "
-        f"with bfloat16 matmul operands against PyTorch's bfloat16 autocast (precisions run: "
-        f"{', '.join(m['precisions'])}; CTranslate2 has no CPU bfloat16, its float32 and int8 "
-        f"in both rows); "
+        f"at the end; {peaks}; precision matched: {matched}; "
         f"jax {v['jax']}, flax {v['flax']}, torch "
         f"{v['torch']}, transformers {v['transformers']}, ctranslate2 {v['ctranslate2']}; "
         f"{m['rounds']} rounds of {m['steps']} training steps and {m['decode_repeats']} "
