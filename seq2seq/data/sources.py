@@ -263,15 +263,16 @@ def _existing(path: str) -> Path:
     raise DataError(f"file not found: {p} (nor {gz.name})")
 
 
-def decode_text(data: bytes, name: str | Path) -> str:
+def decode_text(data: bytes, name: str | Path, lines_before: int = 0) -> str:
     """UTF-8 ``data`` as text without a leading byte-order mark.
 
-    Raises DataError for invalid UTF-8, naming ``name``, the 1-based line and the byte.
+    Raises DataError for invalid UTF-8, naming ``name``, the 1-based line (counted after
+    ``lines_before`` lines: ``data`` may be a later block of the file) and the byte.
     """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
+        line = lines_before + data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise DataError(
             f"{name}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte "
@@ -297,35 +298,13 @@ def _read_checked(path: Path) -> str:
     Raises DataError for an unreadable or corrupt file, invalid UTF-8 or a ``\\r`` not
     followed by ``\\n`` (file:line).
     """
-    data = _read_bytes(path)
-    text = decode_text(data, path)
-    if data.count(b"\r") != data.count(b"\r\n"):
-        bare = re.search(r"\r(?!\n)", text)
-        assert bare is not None  # more \r than \r\n
-        at = bare.start()
-        line = text.count("\n", 0, at) + 1
-        raise DataError(
-            f"{path}:{line}: carriage return (\\r) inside a line; datasets would "
-            "read it as a line break and misalign the pairs (use \\n or \\r\\n "
-            "line ends)"
-        )
-    return text
+    return _checked_text(_read_bytes(path), path)
 
 
-CHECK_BYTES = 1 << 24  # bytes of a text file checked at a time (``_checked_line_count``)
-
-
-def _check_block(data: bytes, path: Path, lines_before: int) -> None:
-    """``_read_checked``'s checks on whole lines ``data`` that follow ``lines_before`` lines."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = lines_before + data.count(b"\n", 0, e.start) + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise DataError(
-            f"{path}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte "
-            f"{column} of the line)"
-        ) from None
+def _checked_text(data: bytes, path: Path, lines_before: int = 0) -> str:
+    """``decode_text`` of whole lines ``data`` that follow ``lines_before`` lines of the file,
+    and DataError (file:line) for a ``\\r`` not followed by ``\\n``."""
+    text = decode_text(data, path, lines_before)
     if data.count(b"\r") != data.count(b"\r\n"):
         bare = re.search(r"\r(?!\n)", text)
         assert bare is not None  # more \r than \r\n
@@ -335,6 +314,10 @@ def _check_block(data: bytes, path: Path, lines_before: int) -> None:
             "read it as a line break and misalign the pairs (use \\n or \\r\\n "
             "line ends)"
         )
+    return text
+
+
+CHECK_BYTES = 1 << 24  # bytes of a text file checked at a time (``_checked_line_count``)
 
 
 def _checked_line_count(path: Path) -> int:
@@ -351,7 +334,7 @@ def _checked_line_count(path: Path) -> int:
                     start = False
                 cut = data.rfind(b"\n") + 1
                 if cut:
-                    _check_block(data[:cut], path, lines)
+                    _checked_text(data[:cut], path, lines)
                     lines += data.count(b"\n", 0, cut)
                 rest = data[cut:]
     except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
@@ -359,7 +342,7 @@ def _checked_line_count(path: Path) -> int:
     if start and rest.startswith(codecs.BOM_UTF8):  # a file of fewer bytes than its BOM
         rest = rest[len(codecs.BOM_UTF8) :]
     if rest:
-        _check_block(rest, path, lines)
+        _checked_text(rest, path, lines)
         lines += 1
     return lines
 

@@ -308,11 +308,8 @@ def write_store(
     with open(tmp[0], "wb") as ids_file, open(tmp[1], "wb") as off_file:
         off_file.write(np.zeros(1, np.int64).tobytes())
         for block in blocks:
-            if isinstance(block, tuple):  # encode_blocks' (lengths, ids) arrays
-                lengths, flat = block[0], block[1].astype(dtype)
-            else:
-                lengths = np.fromiter(map(len, block), np.int64, len(block))
-                flat = np.fromiter(itertools.chain.from_iterable(block), dtype, int(lengths.sum()))
+            lengths, ids = block if isinstance(block, tuple) else _flatten(block)
+            flat = ids.astype(dtype, copy=False)
             ids_file.write(flat.tobytes())
             off_file.write((total + np.cumsum(lengths)).tobytes())
             n, total = n + len(lengths), total + int(lengths.sum())
