@@ -284,9 +284,8 @@ def continue_on_one_device(out: Path) -> None:
     )
 
 
-def multiprocess(out: Path, process_id: int, num_processes: int, port: int) -> None:
-    """One of ``num_processes`` processes on localhost, each with 2 CPU devices; mesh (1,2,2)
-    puts fsdp across the processes and tensor within each."""
+def _start_distributed(process_id: int, num_processes: int, port: int) -> None:
+    """``jax.distributed`` on localhost: this process is ``process_id`` of ``num_processes``."""
     initialize_distributed(
         DistributedConfig(
             coordinator_address=f"127.0.0.1:{port}",
@@ -295,6 +294,12 @@ def multiprocess(out: Path, process_id: int, num_processes: int, port: int) -> N
             initialization_timeout=120,
         )
     )
+
+
+def multiprocess(out: Path, process_id: int, num_processes: int, port: int) -> None:
+    """One of ``num_processes`` processes on localhost, each with 2 CPU devices; mesh (1,2,2)
+    puts fsdp across the processes and tensor within each."""
+    _start_distributed(process_id, num_processes, port)
     from jax.experimental import multihost_utils
 
     assert jax.process_count() == num_processes and jax.local_device_count() == 2
@@ -332,14 +337,7 @@ def host_batches(out: Path, process_id: int, num_processes: int, port: int) -> N
     """One of ``num_processes`` processes, 2 CPU devices each, mesh (data=2·n, 1, 1): the
     training loop's host batches (``train_batch`` with ``process_share``) assembled into
     global arrays. Records the rows each process laid out and the gathered global batches."""
-    initialize_distributed(
-        DistributedConfig(
-            coordinator_address=f"127.0.0.1:{port}",
-            num_processes=num_processes,
-            process_id=process_id,
-            initialization_timeout=120,
-        )
-    )
+    _start_distributed(process_id, num_processes, port)
     from jax.experimental import multihost_utils
 
     from seq2seq.data import batching
@@ -387,14 +385,7 @@ def main_first(out: Path, process_id: int, num_processes: int, port: int) -> Non
 
     from seq2seq.sharding import main_process_first
 
-    initialize_distributed(
-        DistributedConfig(
-            coordinator_address=f"127.0.0.1:{port}",
-            num_processes=num_processes,
-            process_id=process_id,
-            initialization_timeout=120,
-        )
-    )
+    _start_distributed(process_id, num_processes, port)
     marker = out / "prepared.txt"
     with main_process_first("prepare"):
         if process_id == 0:

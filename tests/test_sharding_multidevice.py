@@ -148,16 +148,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow  # 40 s of waiting
-def test_other_processes_wait_for_a_long_preparation_on_process_0(tmp_path):
-    """``main_process_first`` waits at the coordination service's barrier: process 1 waits
-    the 40 s process 0 prepares (a device collective gave up after 30 s at 4.5M pairs)."""
+def _two_workers(mode: str, out: Path, devices: int, timeout: int) -> None:
+    """Worker ``mode`` as processes 0 and 1 of a ``jax.distributed`` run on localhost, each
+    with ``devices`` CPU devices; both must exit 0 (their stderr quoted otherwise)."""
     port = str(_free_port())
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), "main_first", "--out", str(tmp_path)]
+            [sys.executable, str(WORKER), mode, "--out", str(out)]
             + ["--process-id", str(i), "--num-processes", "2", "--port", port],
-            env=_env(1),
+            env=_env(devices),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -165,13 +164,21 @@ def test_other_processes_wait_for_a_long_preparation_on_process_0(tmp_path):
         for i in range(2)
     ]
     try:
-        logs = [p.communicate(timeout=300)[1] for p in procs]
+        logs = [p.communicate(timeout=timeout)[1] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
     for i, p in enumerate(procs):
         assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+
+
+@pytest.mark.slow  # 40 s of waiting
+def test_other_processes_wait_for_a_long_preparation_on_process_0(tmp_path):
+    """``main_process_first`` waits at the coordination service's barrier: process 1 waits
+    the 40 s process 0 prepares (a device collective gave up after 30 s at 4.5M pairs)."""
+    _two_workers("main_first", tmp_path, 1, timeout=300)
+    for i in range(2):
         assert (tmp_path / f"main_first_{i}.txt").read_text() == "done"
 
 
@@ -183,26 +190,7 @@ def test_each_process_lays_out_only_its_rows_and_together_they_are_the_global_ba
     from seq2seq.data.batching import PackedBatches
     from seq2seq.training.batches import train_batch
 
-    port = str(_free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), "host_batches", "--out", str(tmp_path)]
-            + ["--process-id", str(i), "--num-processes", "2", "--port", port],
-            env=_env(2),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        logs = [p.communicate(timeout=600)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for i, p in enumerate(procs):
-        assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+    _two_workers("host_batches", tmp_path, 2, timeout=600)
     records = [json.loads((tmp_path / f"host_batches_{i}.json").read_text()) for i in range(2)]
     assert [r["share"] for r in records] == [[0, 2], [1, 2]]
     # every batch each process laid out had 4 of the 8 rows (2 micro-batches × 3 steps)
@@ -228,37 +216,7 @@ def test_each_process_lays_out_only_its_rows_and_together_they_are_the_global_ba
 def test_two_processes_equal_one_device(runs):
     """jax.distributed on localhost: 2 processes × 2 CPU devices, mesh (1,2,2)."""
     out, r = runs
-    port = str(_free_port())
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                "multiprocess",
-                "--out",
-                str(out),
-                "--process-id",
-                str(i),
-                "--num-processes",
-                "2",
-                "--port",
-                port,
-            ],
-            env=_env(2),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        logs = [p.communicate(timeout=900)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for i, p in enumerate(procs):
-        assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+    _two_workers("multiprocess", out, 2, timeout=900)
     records = [json.loads((out / f"multiprocess_{i}.json").read_text()) for i in range(2)]
     # each process fed its own half of the 16 rows and holds a quarter of the embedding
     assert records[0]["rows"] == list(range(8)) and records[1]["rows"] == list(range(8, 16))
