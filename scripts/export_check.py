@@ -6,9 +6,9 @@ temporary directory) and decodes the run's test split with beam 4 twice:
 
 1. **As users meet it** (the headline): ours with the run's own decode settings (what
    ``seq2seq-translate`` does, beam 4) against CTranslate2 called as the exported model card's
-   snippet calls it, ``translate_batch(pieces, beam_size=4, disable_unk=True)`` with every
-   other option at CTranslate2's default (length penalty |Y|^1, patience 1, its own length
-   limit of 256, no end token in |Y|).
+   snippet calls it (``seq2seq.export.card_options``: ``beam_size=4``, the run's α as
+   ``length_penalty``, ``disable_unk``), every other option at CTranslate2's default
+   (patience 1, its own length limit of 256, no end token in |Y|).
 2. **Under our rules** (``seq2seq.export.ctranslate2_translate``, ``exhaustive``: CTranslate2
    searches up to our length limit, as our stopping rule guarantees). CTranslate2 has no GNMT
    length penalty, so a run decoded with ``decode.length_penalty=gnmt`` is compared under
@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 GOAL_SAME, GOAL_BLEU, GOAL_CARD_BLEU = 0.99, 0.1, 0.2
-CARD_OPTIONS = {"beam_size": 4, "disable_unk": True}  # the model card's snippet (export.py)
 
 
 def _row(ours, ours_s, theirs_ids, theirs_s, tokenizer, refs) -> dict:
@@ -68,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from seq2seq.config import replace
     from seq2seq.data.pipeline import decode_source_limit, split_text
-    from seq2seq.export import ExportError, ctranslate2_translate, export_run
+    from seq2seq.export import ExportError, card_options, ctranslate2_translate, export_run
     from seq2seq.trained import load_trained
     from seq2seq.translation import Translator
 
@@ -100,11 +99,12 @@ def main(argv: list[str] | None = None) -> int:
 
         # 1. as users meet it: the run's settings against the model card's call
         as_run = replace(config.decode, beam_size=4)
+        card_call = card_options(as_run)
         ours_card, ours_card_s = ours_with(as_run)
         pieces = [tokenizer.source.sp.encode(line, out_type=str) for line in sources]
         keep = [i for i, line in enumerate(sources) if line.strip()]
         t = time.perf_counter()
-        card_out = translator.translate_batch([pieces[i] for i in keep], **CARD_OPTIONS)
+        card_out = translator.translate_batch([pieces[i] for i in keep], **card_call)
         card_s = time.perf_counter() - t
         card_ids: list[list[int]] = [[] for _ in sources]
         for i, result in zip(keep, card_out):
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     keys = ("beam_size", "length_penalty", "alpha", "max_len_a", "max_len_b", "allow_unk")
     card["decode_ours"] = {k: getattr(as_run, k) for k in keys}
-    card["ctranslate2_options"] = dict(CARD_OPTIONS)
+    card["ctranslate2_options"] = card_call
     exhaustive["decode"] = {k: getattr(decode, k) for k in keys}
     for row in (card, exhaustive):
         del row["same"]
@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{n} test sentences, beam 4; the run's matmul operands: {config.model.matmul_dtype}\n"
         f"  as users meet it (ours: {as_run.length_penalty} penalty alpha {as_run.alpha}; "
-        f"CTranslate2: the model card's translate_batch(beam_size=4, disable_unk=True), its "
-        f"defaults otherwise):\n"
+        f"CTranslate2: the model card's translate_batch("
+        f"{', '.join(f'{k}={v}' for k, v in card_call.items())}), its defaults otherwise):\n"
         f"    identical {100 * card['identical_share']:.2f}% ({card['identical']}/{n}); "
         f"BLEU ours {card['bleu_ours']:.2f}, CTranslate2 {card['bleu_ctranslate2']:.2f} "
         f"({card['bleu_difference']:+.2f}); time ours {ours_card_s:.1f} s (with "

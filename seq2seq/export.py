@@ -161,10 +161,8 @@ def ctranslate2_options(
         )
     target = tokenizer.target
     return dict(
-        beam_size=1 if decode.search == "greedy" else decode.beam_size,
-        length_penalty=0.0 if decode.length_penalty == "none" else decode.alpha,
+        card_options(decode),
         min_decoding_length=decode.min_length,
-        disable_unk=not decode.allow_unk,
         suppress_sequences=[
             [target.id_to_piece(i)] for i in dict.fromkeys((tokenizer.pad_id, tokenizer.bos_id))
         ]
@@ -172,6 +170,19 @@ def ctranslate2_options(
         else None,
         return_end_token=True,
         return_scores=True,
+    )
+
+
+def card_options(decode: DecodeConfig) -> dict[str, Any]:
+    """The ``translate_batch`` options of the model card's snippet: the run's beam size, its
+    α as CTranslate2's ``length_penalty`` (|Y|^α; for ``gnmt`` the nearest form CTranslate2
+    has, 0 for ``none``) and the unknown piece banned unless ``decode.allow_unk``; CTranslate2's
+    defaults otherwise (its stopping after ``beam`` finished hypotheses, its length limit).
+    ``scripts/export_check.py`` scores exactly these options."""
+    return dict(
+        beam_size=1 if decode.search == "greedy" else decode.beam_size,
+        length_penalty=0.0 if decode.length_penalty == "none" else decode.alpha,
+        disable_unk=not decode.allow_unk,
     )
 
 
@@ -272,6 +283,7 @@ def _readme(config: Config, to: str, score: Mapping[str, Any], spm_files: list[s
         f"({', '.join(f'`{f}`' for f in spm_files)}).\n\n"
     )
     if to == "ctranslate2":
+        options = ", ".join(f"{k}={v!r}" for k, v in card_options(config.decode).items())
         use = (
             "## Translate with CTranslate2\n\n```python\n"
             "import ctranslate2, sentencepiece as spm\n"
@@ -279,13 +291,15 @@ def _readme(config: Config, to: str, score: Mapping[str, Any], spm_files: list[s
             f'spm.SentencePieceProcessor("{tgt_spm}")\n'
             'translator = ctranslate2.Translator(".")  # this directory\n'
             'out = translator.translate_batch([src.encode("Hello world.", out_type=str)], '
-            "beam_size=4, disable_unk=True)\n"
+            f"{options})\n"
             "print(tgt.decode(out[0].hypotheses[0]))\n```\n\n"
-            "The source EOS is added by the model config (`add_source_eos`). CTranslate2's "
-            "`length_penalty=a` divides by |Y|^a, which is `decode.length_penalty=plain` "
-            "with `decode.alpha=a` (pass `return_end_token=True` so that |Y| counts the EOS as "
-            "ours does, and drop the final `</s>`); the GNMT penalty ((5+|Y|)/6)^a of "
-            "`decode.length_penalty=gnmt` has no CTranslate2 counterpart.\n"
+            "The options are the run's decoding settings (`decode.beam_size`, `decode.alpha`, "
+            "`decode.allow_unk`). The source EOS is added by the model config "
+            "(`add_source_eos`). CTranslate2's `length_penalty=a` divides by |Y|^a, which is "
+            "`decode.length_penalty=plain` with `decode.alpha=a` (pass `return_end_token=True` "
+            "so that |Y| counts the EOS as ours does, and drop the final `</s>`); the GNMT "
+            "penalty ((5+|Y|)/6)^a of `decode.length_penalty=gnmt` has no CTranslate2 "
+            "counterpart, and CTranslate2 stops once `beam_size` hypotheses have finished.\n"
         )
     else:
         use = (

@@ -248,8 +248,11 @@ def test_export_ctranslate2_directory_translates_on_its_own(spm_dir, tmp_path, c
     )
     assert proc.returncode == 0, proc.stderr
     sp = Tokenizer(out / "spm.model").sp
+    # the snippet passes the run's decoding settings (DecodeConfig's defaults here: beam 4,
+    # alpha 0.6 as CTranslate2's |Y|^alpha, the unknown piece banned)
+    assert "beam_size=4, length_penalty=0.6, disable_unk=True)" in snippet
     result = ctranslate2.Translator(str(out)).translate_batch(
-        [sp.encode("Hello world.", out_type=str)], beam_size=4, disable_unk=True
+        [sp.encode("Hello world.", out_type=str)], beam_size=4, length_penalty=0.6, disable_unk=True
     )[0]
     assert proc.stdout.strip() == sp.decode(result.hypotheses[0]).strip() != ""
     # python -m seq2seq export is the same command; an existing directory is refused ...
