@@ -1,40 +1,83 @@
 #!/usr/bin/env python3
-"""Translation quality at the same training time: our default config against a same-size
-Hugging Face MarianMT (PyTorch) with a plain recipe, on several corpora (issue 21).
+"""Translation quality at the same training time: our config against a same-size Hugging Face
+MarianMT (PyTorch) trained with a plain recipe and with a tuned one, on three proxy corpora,
+several seeds, held-out test sets and paired significance tests (issues 21 and 35).
 
-Run as ``scripts/compare.py --quality`` (same optional extra ``compare``). For each proxy corpus:
+Run as ``scripts/compare.py --quality`` (same optional extra ``compare``).
 
-1. ``seq2seq-train --config CONFIG`` with only the data paths changed (plus ``--set`` overrides),
-   in a subprocess; its ``test.json`` gives the test BLEU/chrF and the training seconds.
-2. MarianMT of the same sizes (read from the run's ``config.yaml``), on the same SentencePiece
-   pieces (the run's ``spm.model``), trained for as many seconds as our training loop took
-   (``train_seconds``; our dev evaluations are not counted against either side), and never
-   less than ``--peer-seconds`` (900: the issue's 15 minutes, so that a fast step of ours on
-   one corpus does not shorten the peer's budget below it): Adam
-   (0.9, 0.98, eps 1e-9), peak learning rate 1e-3 after 400 linear warmup steps, then inverse
-   square root, label smoothing 0.1, dropout 0.1, gradient norm clipped at 1, batches of at most
-   2,000 padded tokens (source + target rows of similar length), post-norm as Marian is.
-   Beam 4 on the test split (HF ``generate``; length budget ``1.2 · source + 5`` per batch).
-3. Both scored by sacreBLEU on the detokenised test split, with signatures.
+Held-out test sets. No proxy is tested on the shipped dev or test split (the preset's settings
+were chosen looking at them). Each proxy's test set is carved out of the shipped TRAIN split as
+the shipped splits were made (``data/tatoeba-en-es/README.md``): pairs that share an English or
+a Spanish sentence (lowercased, whitespace folded) form a group (union-find); groups of at most
+8 pairs are eligible, ordered by sha256 of ``"quality-heldout:" + the group's smallest English
+sentence``; whole groups go to ``full``'s test, then ``small``'s, then ``long``'s until each
+holds at least ``--test-pairs`` (2,000) pairs (``carve_heldout``). Every pair of every held-out
+group leaves the training data of every proxy, so no proxy trains on a test sentence of any
+proxy, on either side. The shipped dev split is where choices may be made. Proxies:
 
-Proxies (never tune on one test set alone):
+* ``full``: train = the shipped train minus the held-out groups; dev = the shipped dev;
+  test = held-out set A;
+* ``small``: train = the first 20,000 pairs of ``full``'s train; dev = the first 500 dev pairs;
+  test = held-out set B;
+* ``long``: ``full``'s train, the shipped dev and held-out set C, each with 2–4 consecutive
+  pairs joined into one (``join_consecutive``, seeds 0, 1, 2: about 20–30 words per side).
 
-* ``full``: the shipped corpus, ``data/tatoeba-en-es`` (137k training pairs);
-* ``small``: its 20k-pair ``small/`` split (``--small-dir``; by default
-  ``../shared/data/tatoeba-en-es/small`` next to the checkout);
-* ``long``: every split of the shipped corpus with 2–4 consecutive pairs joined into one
-  (about 20–30 words per side; group sizes drawn with seed 0).
+Systems, each trained once per proxy and seed (``--seeds``, default 1,2):
 
-The corpora and runs go to ``--out`` (``runs/quality``); the table to stdout, ``--json`` and
-``--docs`` (between the ``compare.py quality`` markers). Not run in CI: each proxy trains
-twice, our side for the config's budget (the shipped preset: ``train.time_budget`` 780 s) and
-the peer for at least ``--peer-seconds`` (about 30 minutes per proxy on 2 cores).
+1. ``ours``: ``python -m seq2seq train --config CONFIG`` with the data paths, ``--set``
+   overrides, ``train.seed=S`` and (with ``--budget``) ``train.time_budget=B``; its
+   ``test.hyp`` holds the test translations.
+2. ``peer``: MarianMT of the run's sizes on the run's SentencePiece pieces, the plain recipe
+   (``RECIPE``, unchanged since issue 21): Adam (0.9, 0.98, eps 1e-9), peak learning rate 1e-3
+   after 400 linear warmup steps, then inverse square root; label smoothing 0.1, dropout 0.1,
+   gradient norm clipped at 1, batches of at most 2,000 padded tokens; beam 4 with HF's default
+   length penalty and a limit of ``1.2 · source + 5`` tokens per batch.
+3. ``peer-tuned``: the same model, optimizer, smoothing, clipping and batches, with
+   * ours' schedule: linear warmup, then a linear decay to zero at the run's end
+     (``tuned_rate``, ours' ``train.schedule=linear`` formula). The end is fixed as ours'
+     ``train.time_budget`` fixes it: after the warmup, the step count that fills the rest of
+     the budget at the measured speed (``seq2seq.data.recipe.steps_for_time_budget``);
+     training stops there or when the time is up. The warmup is ours' share of the steps
+     (ours' resolved ``train.warmup_steps / train.steps`` in its ``config.yaml``: 1/5 from the
+     recipe) of the peer's projected steps; the projection times ``PROBE_STEPS`` forward and
+     backward passes without an update first (their seconds count in the peer's time);
+   * ours' resolved ``model.dropout_rate`` (the recipe's: 0.1 on full, 0.3 on small);
+   * ours' decoding: beam 4, the unknown piece banned (unless ``decode.allow_unk``) and PAD and
+     BOS too, at most ``ceil(max_len_a · |x| + max_len_b)`` tokens with EOS (|x|: source tokens
+     with EOS; sentences decoded in groups of one limit; only EOS allowed at the limit),
+     ``early_stopping="never"``, HF ``length_penalty`` = our ``decode.alpha``. HF divides the
+     log-probability by |Y|^α (our ``plain`` form); the preset uses GNMT's ((5+|Y|)/6)^α,
+     which HF lacks, so the penalty's form differs (the JSON says so);
+   * the peak learning rate picked on dev from ``--peer-lrs`` (1e-3, 2e-3): for the first seed
+     a run per rate, each decoding the proxy's dev split (not counted in its seconds); the
+     highest dev BLEU wins, and its run is that seed's result; the other seeds train at the
+     picked rate only.
+
+Budget: ours trains for ``--budget`` seconds (default: the config's ``train.time_budget``,
+780 s for the preset); each peer for ours' measured ``train_seconds`` of the same proxy and
+seed, and never less than ``--peer-seconds`` (default budget × 15/13: 900 s against 780).
+
+Significance: per proxy and seed, ``seq2seq.evaluation.compare`` (sacreBLEU's paired bootstrap
+resampling, 1,000 resamples, which also gives the 95% CIs, and approximate randomization,
+10,000 trials; seed 12345; ours the baseline) on BLEU and chrF of the detokenised test split.
+The table gives per proxy and system the mean of the seeds and the spread as half the range,
+(max − min) / 2.
+
+Every finished (proxy, system, seed[, rate]) lands in ``--out`` (``runs/quality``) as JSON with
+its ``.hyp`` file; a rerun with the same ``--out`` skips it (an interrupted comparison resumes;
+``--out`` remembers its settings and refuses others). The table goes to stdout, ``--json`` and
+``--docs`` (between the ``compare.py quality`` markers).
+
+Run time: per proxy ``seeds × 3 + (rates − 1)`` trainings (7 by default) of about the budget
+each (peers at least 900 s) plus the test decodes: about 2 hours per proxy, 6 hours for the
+three, on 2 cores. Not run in CI.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -42,13 +85,17 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 PROXIES = ("full", "small", "long")
 SPLITS = ("train", "dev", "test")
+SYSTEMS = ("ours", "peer", "peer-tuned")
+LANGS = ("en", "es")
 DOCS_BEGIN = "<!-- compare.py quality: begin -->"
 DOCS_END = "<!-- compare.py quality: end -->"
 # The peer's plain recipe (issue 21).
@@ -62,6 +109,21 @@ RECIPE = dict(
     beam_size=4,
     max_len=64,
 )
+SALT = "quality-heldout"
+MAX_HELDOUT_GROUP = 8  # larger groups (very common short sentences) always stay in train
+TEST_PAIRS = 2_000
+SMALL_PAIRS, SMALL_DEV = 20_000, 500
+PROBE_STEPS = 10  # forward-backward passes that time the tuned peer's step before its warmup
+DEFAULT_WARMUP_SHARE = 0.2  # the recipe's (seq2seq/data/recipe.py), if the run's is unreadable
+LENGTH_PENALTY_NOTE = (
+    "peer-tuned: HF length_penalty = our decode.alpha in HF's form, log P / |Y|^alpha (our "
+    "'plain'); ours with decode.length_penalty=gnmt divides by ((5 + |Y|) / 6)^alpha, which HF "
+    "lacks"
+)
+
+
+class UsageError(Exception):
+    """Bad options or input; the message names the option or file (exit status 2)."""
 
 
 # -- the proxy corpora -----------------------------------------------------------------------------
@@ -100,16 +162,132 @@ def join_consecutive(
     return out_src, out_tgt
 
 
-def write_proxy(name: str, out: Path, small_dir: Path, langs: tuple[str, str]) -> Path:
-    """Write proxy ``name``'s splits as ``out/{split}.{lang}`` text files; returns ``out``."""
-    shipped = ROOT / "data" / "tatoeba-en-es"
+def sentence_key(text: str) -> str:
+    """The key two sentences share when equal case-insensitively after whitespace folding."""
+    return " ".join(text.split()).lower()
+
+
+class Carved(NamedTuple):
+    """The held-out test sets carved out of a training split (``carve_heldout``).
+
+    Attributes:
+      train: indices of the pairs left for training, in corpus order.
+      heldout: proxy name → indices of its test pairs, in corpus order.
+      groups: proxy name → the number of whole groups in its test set.
+      eligible_groups: groups of at most ``max_group`` pairs (the candidates).
+      salt, max_group: the carving's settings.
+    """
+
+    train: list[int]
+    heldout: dict[str, list[int]]
+    groups: dict[str, int]
+    eligible_groups: int
+    salt: str
+    max_group: int
+
+
+def carve_heldout(
+    en: Sequence[str],
+    es: Sequence[str],
+    names: Sequence[str] = PROXIES,
+    pairs: int = TEST_PAIRS,
+    salt: str = SALT,
+    max_group: int = MAX_HELDOUT_GROUP,
+) -> Carved:
+    """Held-out test sets of at least ``pairs`` pairs for each of ``names``, carved out of the
+    training pairs (``en[i]``, ``es[i]``) as the shipped splits were made.
+
+    Pairs sharing an English or a Spanish sentence (``sentence_key``) form a group
+    (union-find). Groups of at most ``max_group`` pairs are ordered by
+    sha256(``f"{salt}:{smallest English sentence}"``) and assigned whole, in that order, to
+    ``names[0]`` until it holds ``pairs`` pairs, then to ``names[1]``, and so on. Every pair
+    of a held-out group leaves ``train``, so no held-out sentence (either side) is in it.
+
+    Raises:
+      ValueError: the sides differ in length, or the eligible groups hold too few pairs.
+    """
+    if len(en) != len(es):
+        raise ValueError(f"{len(en)} English lines but {len(es)} Spanish lines")
+    parent = list(range(len(en)))
+
+    def find(i: int) -> int:
+        root = i
+        while parent[root] != root:
+            root = parent[root]
+        while parent[i] != root:  # path compression
+            parent[i], i = root, parent[i]
+        return root
+
+    first: dict[tuple[int, str], int] = {}  # (side, key) → the first pair holding it
+    for i, pair in enumerate(zip(en, es)):
+        for side, text in enumerate(pair):
+            j = find(first.setdefault((side, sentence_key(text)), i))
+            parent[find(i)] = j
+    members: dict[int, list[int]] = {}
+    for i in range(len(en)):
+        members.setdefault(find(i), []).append(i)
+    eligible = [g for g in members.values() if len(g) <= max_group]
+    eligible.sort(
+        key=lambda g: (
+            hashlib.sha256(f"{salt}:{min(en[i] for i in g)}".encode()).hexdigest(),
+            g[0],
+        )
+    )
+    heldout: dict[str, list[int]] = {}
+    groups: dict[str, int] = {}
+    order = iter(eligible)
+    for name in names:
+        chosen: list[int] = []
+        groups[name] = 0
+        while len(chosen) < pairs:
+            group = next(order, None)
+            if group is None:
+                raise ValueError(
+                    f"the {len(eligible)} groups of at most {max_group} pairs hold too few "
+                    f"pairs for {len(names)} held-out sets of {pairs}"
+                )
+            chosen += group
+            groups[name] += 1
+        heldout[name] = sorted(chosen)
+    held = {i for idx in heldout.values() for i in idx}
+    train = [i for i in range(len(en)) if i not in held]
+    return Carved(train, heldout, groups, len(eligible), salt, max_group)
+
+
+Split = tuple[list[str], list[str]]  # (English lines, Spanish lines), aligned
+
+
+def proxy_splits(
+    name: str,
+    shipped: dict[str, Split],
+    carved: Carved,
+    small_pairs: int = SMALL_PAIRS,
+    small_dev: int = SMALL_DEV,
+) -> dict[str, Split]:
+    """Proxy ``name``'s train, dev and test (see the module docstring) from the shipped
+    ``train`` and ``dev`` splits and the carving of the shipped train split."""
+    en, es = shipped["train"]
+
+    def pick(indices: list[int]) -> Split:
+        return [en[i] for i in indices], [es[i] for i in indices]
+
+    train, dev, test = pick(carved.train), shipped["dev"], pick(carved.heldout[name])
+    if name == "small":
+        train = (train[0][:small_pairs], train[1][:small_pairs])
+        dev = (dev[0][:small_dev], dev[1][:small_dev])
+    splits = {"train": train, "dev": dev, "test": test}
+    if name == "long":
+        splits = {s: join_consecutive(*splits[s], seed=i) for i, s in enumerate(SPLITS)}
+    return splits
+
+
+def write_proxy(splits: dict[str, Split], out: Path, limit: int = 0) -> Path:
+    """Write ``splits`` as ``out/{split}.{lang}`` text files (the first ``limit`` lines of
+    each when ``limit``: the smoke test); returns ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    for i, split in enumerate(SPLITS):
-        base = small_dir if name == "small" else shipped
-        sides = [read_lines(base / f"{split}.{lang}") for lang in langs]
-        if name == "long":
-            sides = list(join_consecutive(sides[0], sides[1], seed=i))
-        for lang, lines in zip(langs, sides):
+    for split, sides in splits.items():
+        for lang, lines in zip(LANGS, sides):
+            lines = lines[:limit] if limit else lines
             (out / f"{split}.{lang}").write_text("".join(s + "\n" for s in lines), encoding="utf-8")
     return out
 
@@ -117,6 +295,25 @@ def write_proxy(name: str, out: Path, small_dir: Path, langs: tuple[str, str]) -
 def words_per_line(path: Path) -> float:
     lines = path.read_text(encoding="utf-8").splitlines()
     return sum(len(s.split()) for s in lines) / max(len(lines), 1)
+
+
+def heldout_provenance(carved: Carved, asked: int, shipped_train: int) -> dict[str, Any]:
+    """The carving as the JSON and the table's note give it."""
+    removed = shipped_train - len(carved.train)
+    return {
+        "source": "the shipped train split (data/tatoeba-en-es/train.*)",
+        "salt": carved.salt,
+        "hash": f'sha256("{carved.salt}:" + smallest English sentence of the group)',
+        "max_group_pairs": carved.max_group,
+        "pairs_asked": asked,
+        "eligible_groups": carved.eligible_groups,
+        "sets": {
+            n: {"pairs": len(idx), "groups": carved.groups[n]} for n, idx in carved.heldout.items()
+        },
+        "shipped_train_pairs": shipped_train,
+        "removed_from_every_proxys_train": removed,
+        "note": "the shipped dev and test splits are no proxy's test; choices are made on dev",
+    }
 
 
 # -- ours ------------------------------------------------------------------------------------------
@@ -148,14 +345,39 @@ def train_ours(config: str, data: Path, workdir: Path, overrides: list[str]) -> 
     return json.loads((workdir / "test.json").read_text(encoding="utf-8"))
 
 
-# -- the peer --------------------------------------------------------------------------------------
+def ours_hypotheses(workdir: Path, test_source: Path, test_step: int) -> list[str]:
+    """Our run's test translations, one per line of ``test_source``: the run's own
+    ``test.hyp`` when it has one line per source line, else ``python -m seq2seq translate``
+    of the checkpoint the test score used (into ``workdir/test.translated.hyp``).
+
+    Raises:
+      RuntimeError: the translation failed.
+    """
+    sources = len(read_lines(test_source))
+    written = workdir / "test.hyp"
+    if written.exists() and len(read_lines(written)) == sources:
+        return read_lines(written)
+    output = workdir / "test.translated.hyp"
+    args = [sys.executable, "-m", "seq2seq", "translate", "--workdir", str(workdir)]
+    args += ["--step", str(test_step), "--input", str(test_source), "--output", str(output)]
+    print("  " + " ".join(args[2:]), flush=True)
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
+        raise RuntimeError(f"seq2seq-translate failed (exit {proc.returncode}):\n{tail}")
+    return read_lines(output)
 
 
-def peer_batches(pairs: list[tuple[list[int], list[int]]], max_tokens: int, seed: int):
+# -- the peers -------------------------------------------------------------------------------------
+
+
+def peer_batches(pairs: list[tuple[list[int], list[int]]], max_tokens: int, seed: int | str):
     """Batches of pair indices, rows of similar length, at most ``max_tokens`` padded tokens of
     the longer side per batch; the batch order is shuffled with ``seed``."""
     order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
-    batches, current, longest = [], [], 0
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
     for i in order:
         n = max(len(pairs[i][0]), len(pairs[i][1]))
         if current and max(longest, n) * (len(current) + 1) > max_tokens:
@@ -169,18 +391,54 @@ def peer_batches(pairs: list[tuple[list[int], list[int]]], max_tokens: int, seed
     return batches
 
 
-def peer_optimizer(model):
-    """The peer's Adam (betas 0.9/0.98, eps 1e-9) with RECIPE's linear warmup then 1/√step."""
+def peer_optimizer(
+    model, learning_rate: float | None = None, multiplier: Callable[[int], float] | None = None
+):
+    """The peer's Adam (betas 0.9/0.98, eps 1e-9) at peak ``learning_rate`` (RECIPE's by
+    default) times ``multiplier(updates made)``; by default RECIPE's linear warmup then
+    1/√step."""
     import torch
 
-    opt = torch.optim.Adam(
-        model.parameters(), lr=RECIPE["learning_rate"], betas=(0.9, 0.98), eps=1e-9
-    )
-    warmup = RECIPE["warmup_steps"]
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, math.sqrt(warmup / (s + 1)))
-    )
-    return opt, sched
+    peak = RECIPE["learning_rate"] if learning_rate is None else learning_rate
+    opt = torch.optim.Adam(model.parameters(), lr=peak, betas=(0.9, 0.98), eps=1e-9)
+    if multiplier is None:
+        warmup = RECIPE["warmup_steps"]
+        multiplier = lambda s: min((s + 1) / warmup, math.sqrt(warmup / (s + 1)))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, multiplier)
+
+
+def tuned_rate(count: int, peak: float, warmup: int, horizon: int | None) -> float:
+    """peer-tuned's learning rate after ``count`` updates: ours' ``linear`` schedule
+    (``seq2seq.training.step``). With n = count + 1 and W = ``warmup``, T = ``horizon``:
+    peak · min(n / W, (T − n + 1) / (T − W + 1)), the decay clipped to [0, 1] — peak / W at the
+    first update, peak at the W-th, then linearly down to 0 after the T-th. Before the horizon
+    is fixed (None) the rate stays at peak after the warmup."""
+    warmup = max(warmup, 1)
+    n = count + 1
+    if horizon is None:
+        decay = 1.0
+    else:
+        total = max(horizon, warmup)
+        decay = min(max((total - n + 1) / (total - warmup + 1), 0.0), 1.0)
+    return peak * min(n / warmup, decay)
+
+
+def tuned_warmup(share: float, probe_steps: int, probe_seconds: float, seconds: float) -> int:
+    """peer-tuned's warmup: ``share`` of the updates that fill the rest of ``seconds`` at the
+    speed of the ``probe_steps`` timed passes (``probe_seconds``); at least 1."""
+    from seq2seq.data.recipe import steps_for_time_budget
+
+    projected = steps_for_time_budget(probe_steps, probe_seconds, 0, 0.0, seconds) - probe_steps
+    return max(1, round(share * projected))
+
+
+def tuned_horizon(step: int, seconds_now: float, first_seconds: float, seconds: float) -> int:
+    """peer-tuned's end, fixed after its warmup as ours' ``train.time_budget`` fixes it: the
+    update count that fills ``seconds`` at the speed of the ``step`` updates made since
+    ``first_seconds`` (all times from the start of training, in seconds)."""
+    from seq2seq.data.recipe import steps_for_time_budget
+
+    return steps_for_time_budget(step, seconds_now, 0, first_seconds, seconds)
 
 
 def pad_rows(seqs: list[list[int]], pad: int, first: int | None = None):
@@ -195,11 +453,10 @@ def pad_rows(seqs: list[list[int]], pad: int, first: int | None = None):
     return out
 
 
-def peer_update(model, opt, sched, pairs, pad: int, start: int):
-    """One optimizer step of the peer on ``pairs`` (source ids, target ids with EOS): teacher
-    forcing from ``start``, label-smoothed cross-entropy without padding, gradient clipping;
-    returns the loss (float) and the padded targets (int64 ``[batch, length]``)."""
-    import torch
+def peer_loss(model, pairs, pad: int, start: int):
+    """The label-smoothed cross-entropy of ``pairs`` (source ids, target ids with EOS) under
+    teacher forcing from ``start``, without padding; returns it (a scalar tensor) and the
+    padded targets (int64 ``[batch, length]``)."""
     import torch.nn.functional as F
 
     src = pad_rows([s for s, _ in pairs], pad)
@@ -212,6 +469,15 @@ def peer_update(model, opt, sched, pairs, pad: int, start: int):
         ignore_index=pad,
         label_smoothing=RECIPE["label_smoothing"],
     )
+    return loss, tgt
+
+
+def peer_update(model, opt, sched, pairs, pad: int, start: int):
+    """One optimizer step of the peer on ``pairs`` (``peer_loss``), the gradient norm clipped;
+    returns the loss (float) and the padded targets (int64 ``[batch, length]``)."""
+    import torch
+
+    loss, tgt = peer_loss(model, pairs, pad, start)
     opt.zero_grad()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), RECIPE["clip"])
@@ -220,24 +486,141 @@ def peer_update(model, opt, sched, pairs, pad: int, start: int):
     return loss.item(), tgt
 
 
+def plain_recipe() -> dict[str, Any]:
+    """The plain peer: RECIPE with its inverse-square-root schedule and HF's decoding."""
+    return {**RECIPE, "system": "peer", "schedule": "rsqrt", "decoding": "hf"}
+
+
+def tuned_recipe(run: Path, learning_rate: float) -> dict[str, Any]:
+    """peer-tuned at peak ``learning_rate``: RECIPE with ours' schedule, dropout and decoding
+    read from our run's resolved ``config.yaml`` (see the module docstring)."""
+    from seq2seq.config import load_config
+    from seq2seq.workdir import config_path
+
+    cfg = load_config(config_path(run))
+    t, d = cfg.train, cfg.decode
+    share = t.warmup_steps / t.steps if t.steps and t.warmup_steps else DEFAULT_WARMUP_SHARE
+    return {
+        **RECIPE,
+        "system": "peer-tuned",
+        "learning_rate": learning_rate,
+        "schedule": "linear",
+        "warmup_steps": None,  # share × the projected updates (tuned_warmup)
+        "warmup_share": share,
+        "dropout": cfg.model.dropout_rate,
+        "decoding": "ours",
+        "beam_size": d.beam_size,
+        "length_penalty": 0.0 if d.length_penalty == "none" else d.alpha,
+        "ours_length_penalty": d.length_penalty,
+        "max_len_a": d.max_len_a,
+        "max_len_b": d.max_len_b,
+        "allow_unk": d.allow_unk,
+    }
+
+
+def peer_translate(model, sp, sources: list[str], recipe: dict[str, Any]) -> list[str]:
+    """``sources`` translated by the peer with beam search as ``recipe["decoding"]`` says:
+    ``hf`` (the plain peer: HF's defaults, ``1.2 · width + 5`` new tokens per batch) or
+    ``ours`` (sentences in groups of one output limit, see the module docstring)."""
+    import torch
+    import transformers
+
+    from seq2seq.config import DecodeConfig
+
+    pad, bos, eos, unk = sp.pad_id(), sp.bos_id(), sp.eos_id(), sp.unk_id()
+    ids = [sp.encode(s)[: RECIPE["max_len"] - 1] + [eos] for s in sources]
+    ours = recipe["decoding"] == "ours"
+    rule = DecodeConfig(
+        max_len_a=recipe.get("max_len_a", 1.2), max_len_b=recipe.get("max_len_b", 5)
+    )
+    limit = [rule.output_limit(len(x)) if ours else 0 for x in ids]
+    order = sorted(range(len(ids)), key=lambda i: (limit[i], len(ids[i])))
+    batches: list[list[int]] = []
+    for i in order:  # ≤ 64 sentences of one limit (ours) per batch
+        if batches and len(batches[-1]) < 64 and limit[batches[-1][0]] == limit[i]:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+
+    class OnlyEosAt(transformers.LogitsProcessor):
+        """At the limit's last position only EOS, at the model's log-probability (ours)."""
+
+        def __init__(self, length: int):
+            self.length = length
+
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[-1] != self.length:  # the decoder start + length - 1 tokens
+                return scores
+            kept = torch.full_like(scores, -float("inf"))
+            kept[:, eos] = scores[:, eos]
+            return kept
+
+    banned = sorted({t for t in (pad, bos) + (() if recipe.get("allow_unk") else (unk,))})
+    hyps = [""] * len(ids)
+    with torch.no_grad():
+        for chunk in batches:
+            src = pad_rows([ids[i] for i in chunk], pad)
+            options: dict[str, Any] = {}
+            if ours:
+                options = dict(
+                    max_new_tokens=limit[chunk[0]],
+                    length_penalty=recipe["length_penalty"],
+                    early_stopping="never",
+                    bad_words_ids=[[t] for t in banned if t >= 0],
+                    logits_processor=transformers.LogitsProcessorList([OnlyEosAt(limit[chunk[0]])]),
+                )
+            else:
+                options = dict(max_new_tokens=int(1.2 * src.shape[1] + 5))
+            out = model.generate(
+                input_ids=src,
+                attention_mask=src != pad,
+                num_beams=recipe["beam_size"],
+                decoder_start_token_id=bos,
+                eos_token_id=eos,
+                pad_token_id=pad,
+                **options,
+            )
+            for i, row in zip(chunk, out.tolist()):
+                hyps[i] = sp.decode([t for t in row if t not in (pad, bos, eos)])
+    return hyps
+
+
 def train_peer(
-    run: Path, data: Path, langs: tuple[str, str], seconds: float, threads: int, seed: int = 0
+    run: Path,
+    data: Path,
+    seconds: float,
+    threads: int,
+    seed: int,
+    recipe: dict[str, Any],
+    dev: bool = False,
 ) -> dict[str, Any]:
-    """Train MarianMT of the run's sizes for ``seconds`` and translate the test split."""
-    import sacrebleu
+    """Train MarianMT of our run's sizes on its SentencePiece pieces for ``seconds`` with
+    ``recipe`` (``plain_recipe`` or ``tuned_recipe``; seed ``seed`` for the weights, dropout
+    and batch order), then translate the test split (and the dev split when ``dev``, not
+    counted in the seconds).
+
+    The plain schedule trains until the step that crosses ``seconds``; the tuned one until
+    its fixed end or that step, whichever comes first.
+
+    Returns:
+      ``train_seconds``, ``steps``, ``warmup_steps``, ``horizon`` (tuned: the fixed end, None
+      if the time was up first), ``target_tokens_seen``, ``decode_seconds``, ``test_hyps``
+      (one per test line), ``dev_hyps`` (with ``dev``), ``examples``.
+    """
     import sentencepiece as spm
     import torch
     import transformers
-    import yaml
+
+    from seq2seq.config import load_config
+    from seq2seq.workdir import config_path, tokenizer_path
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
-    m = cfg["model"]
-    sp = spm.SentencePieceProcessor(model_file=str(run / "spm.model"))
+    m = load_config(config_path(run)).model
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path(run)))
     pad, bos, eos = sp.pad_id(), sp.bos_id(), sp.eos_id()
-    src_lang, tgt_lang = langs
-    limit = RECIPE["max_len"]
+    src_lang, tgt_lang = LANGS
+    limit = int(RECIPE["max_len"])
 
     def encode(lines):
         return [sp.encode(s)[: limit - 1] + [eos] for s in lines]
@@ -251,15 +634,15 @@ def train_peer(
     model = transformers.MarianMTModel(
         transformers.MarianConfig(
             vocab_size=sp.get_piece_size(),
-            d_model=m["d_model"],
-            encoder_layers=m["num_encoder_layers"],
-            decoder_layers=m["num_decoder_layers"],
-            encoder_attention_heads=m["num_heads"],
-            decoder_attention_heads=m["num_heads"],
-            encoder_ffn_dim=m["d_ff"],
-            decoder_ffn_dim=m["d_ff"],
+            d_model=m.d_model,
+            encoder_layers=m.num_encoder_layers,
+            decoder_layers=m.num_decoder_layers,
+            encoder_attention_heads=m.num_heads,
+            decoder_attention_heads=m.num_heads,
+            encoder_ffn_dim=m.d_ff,
+            decoder_ffn_dim=m.d_ff,
             activation_function="relu",
-            dropout=RECIPE["dropout"],
+            dropout=recipe["dropout"],
             attention_dropout=0.0,
             activation_dropout=0.0,
             max_position_embeddings=4 * limit,
@@ -270,94 +653,279 @@ def train_peer(
             forced_eos_token_id=None,
         )
     )
-    opt, sched = peer_optimizer(model)
-
-    def rows(seqs, first=None):
-        return pad_rows(seqs, pad, first)
-
     model.train()
-    start, steps, epoch, tokens = time.perf_counter(), 0, 0, 0
-    while time.perf_counter() - start < seconds:
-        for batch in peer_batches(train, RECIPE["max_tokens"], seed + epoch):
+    start = time.perf_counter()
+    elapsed = lambda: time.perf_counter() - start
+    plan: dict[str, Any] = {"warmup": recipe["warmup_steps"], "horizon": None, "first": 0.0}
+    multiplier = None
+    if recipe["schedule"] == "linear":
+        # time the step without updating (the seconds count), then fix the warmup from it
+        probe = peer_batches(train, recipe["max_tokens"], f"{seed}:probe")[:PROBE_STEPS]
+        for batch in probe:
+            loss, _ = peer_loss(model, [train[i] for i in batch], pad, bos)
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+        plan["first"] = elapsed()
+        plan["warmup"] = tuned_warmup(recipe["warmup_share"], len(probe), plan["first"], seconds)
+        multiplier = lambda s: tuned_rate(s, 1.0, plan["warmup"], plan["horizon"])
+    opt, sched = peer_optimizer(model, recipe["learning_rate"], multiplier)
+
+    steps, epoch, tokens, done = 0, 0, 0, False
+    while not done:
+        for batch in peer_batches(train, recipe["max_tokens"], f"{seed}:{epoch}"):
             loss, tgt = peer_update(model, opt, sched, [train[i] for i in batch], pad, bos)
             steps, tokens = steps + 1, tokens + int((tgt != pad).sum())
             if steps % 100 == 0:
-                print(f"  peer step {steps}: loss {loss:.3f}", flush=True)
-            if time.perf_counter() - start >= seconds:
+                print(f"  {recipe['system']} step {steps}: loss {loss:.3f}", flush=True)
+            if multiplier is not None and steps == plan["warmup"]:
+                plan["horizon"] = tuned_horizon(steps, elapsed(), plan["first"], seconds)
+                print(f"  {recipe['system']}: {plan['horizon']} steps fill {seconds:.0f} s")
+            done = elapsed() >= seconds or (
+                plan["horizon"] is not None and steps >= plan["horizon"]
+            )
+            if done:
                 break
         epoch += 1
-    train_seconds = time.perf_counter() - start
+    train_seconds = elapsed()
 
     model.eval()
-    sources = read_lines(data / f"test.{src_lang}")
-    refs = read_lines(data / f"test.{tgt_lang}")
-    ids = encode(sources)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    hyps = [""] * len(ids)
     t0 = time.perf_counter()
-    with torch.no_grad():
-        for k in range(0, len(order), 64):
-            chunk = order[k : k + 64]
-            src = rows([ids[i] for i in chunk])
-            out = model.generate(
-                input_ids=src,
-                attention_mask=src != pad,
-                num_beams=RECIPE["beam_size"],
-                max_new_tokens=int(1.2 * src.shape[1] + 5),
-                decoder_start_token_id=bos,
-                eos_token_id=eos,
-                pad_token_id=pad,
-            )
-            for i, row in zip(chunk, out.tolist()):
-                hyps[i] = sp.decode([t for t in row if t not in (pad, bos, eos)])
-    decode_seconds = time.perf_counter() - t0
-    bleu = sacrebleu.metrics.BLEU()
-    chrf = sacrebleu.metrics.CHRF()
-    return {
-        "test_bleu": bleu.corpus_score(hyps, [refs]).score,
-        "test_chrf": chrf.corpus_score(hyps, [refs]).score,
-        "bleu_signature": str(bleu.get_signature()),
-        "chrf_signature": str(chrf.get_signature()),
+    sources = read_lines(data / f"test.{src_lang}")
+    hyps = peer_translate(model, sp, sources, recipe)
+    result = {
         "train_seconds": train_seconds,
-        "decode_seconds": decode_seconds,
         "steps": steps,
+        "warmup_steps": plan["warmup"],
+        "horizon": plan["horizon"],
         "target_tokens_seen": tokens,
+        "decode_seconds": time.perf_counter() - t0,
+        "test_hyps": hyps,
         "examples": [{"source": s, "hypothesis": h} for s, h in list(zip(sources, hyps))[:3]],
     }
+    if dev:
+        result["dev_hyps"] = peer_translate(model, sp, read_lines(data / f"dev.{src_lang}"), recipe)
+    return result
+
+
+# -- the runs, each saved once ---------------------------------------------------------------------
+
+
+def unit_name(system: str, seed: int, learning_rate: float | None = None) -> str:
+    """The file stem of one finished run under ``--out/PROXY/``: ``peer-tuned-seed1-lr0.002``."""
+    return f"{system}-seed{seed}" + ("" if learning_rate is None else f"-lr{learning_rate:g}")
+
+
+def finished(path: Path) -> dict[str, Any] | None:
+    """The saved result ``path`` (a run's JSON, its ``.hyp`` beside it) if there is one."""
+    if path.exists() and path.with_suffix(".hyp").exists():
+        print(f"  skip {path.stem}: done ({path})", flush=True)
+        return json.loads(path.read_text(encoding="utf-8"))
+    return None
+
+
+def save(path: Path, result: dict[str, Any], hyps: list[str]) -> dict[str, Any]:
+    """Write ``hyps`` to ``path.hyp``, then ``result`` to ``path`` (last: it marks the run
+    finished); returns ``result``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    path.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
+    return result
+
+
+def bleu(hyps: list[str], refs: list[str]) -> float:
+    import sacrebleu
+
+    return sacrebleu.metrics.BLEU().corpus_score(hyps, [refs]).score
+
+
+def run_ours(args: argparse.Namespace, data: Path, out: Path, seed: int) -> dict[str, Any]:
+    """Our run of ``seed`` on the corpus ``data`` (workdir ``out/ours-seedS``), or its saved
+    result."""
+    path = out / f"{unit_name('ours', seed)}.json"
+    done = finished(path)
+    if done is not None:
+        return done
+    workdir = out / f"ours-seed{seed}"
+    overrides = [*args.set, f"train.seed={seed}", *args.budget_override]
+    summary = train_ours(args.config, data, workdir, overrides)
+    hyps = ours_hypotheses(workdir, data / f"test.{LANGS[0]}", summary["test_step"])
+    keys = ("status", "step", "steps", "test_step", "test_bleu", "test_chrf", "train_seconds")
+    result = {k: summary.get(k) for k in (*keys, "tokens_seen", "target_tokens_seen")}
+    print(f"  ours seed {seed}: {result['train_seconds']:.0f} s, {result['step']} steps")
+    return save(path, {**result, "workdir": str(workdir)}, hyps)
+
+
+def run_peer(
+    data: Path, out: Path, seed: int, recipe: dict[str, Any], seconds: float, dev: bool = False
+) -> dict[str, Any]:
+    """A peer of ``seed`` (``recipe``; the learning rate in the name for peer-tuned) next to
+    our run of that seed, or its saved result; with ``dev`` its dev BLEU too."""
+    lr = recipe["learning_rate"] if recipe["system"] == "peer-tuned" else None
+    path = out / f"{unit_name(recipe['system'], seed, lr)}.json"
+    done = finished(path)
+    if done is not None:
+        return done
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    r = train_peer(out / f"ours-seed{seed}", data, seconds, threads or 1, seed, recipe, dev)
+    hyps = r.pop("test_hyps")
+    if dev:
+        r["dev_bleu"] = bleu(r.pop("dev_hyps"), read_lines(data / f"dev.{LANGS[1]}"))
+    print(f"  {path.stem}: {r['train_seconds']:.0f} s, {r['steps']} steps", flush=True)
+    return save(path, {**r, "recipe": recipe}, hyps)
+
+
+def run_proxy(args: argparse.Namespace, data: Path, out: Path) -> dict[str, Any]:
+    """Every system and seed on one proxy (corpus ``data``, runs in ``out``), skipping the
+    finished ones; returns the proxy's part of the JSON."""
+    refs = read_lines(data / f"test.{LANGS[1]}")
+    runs: dict[str, dict[str, Any]] = {s: {} for s in SYSTEMS}
+    dev_bleu: dict[str, float] = {}
+    picked = 0.0
+    comparisons: dict[str, Any] = {}
+    for k, seed in enumerate(args.seed_list):
+        ours = runs["ours"][str(seed)] = run_ours(args, data, out, seed)
+        seconds = max(ours["train_seconds"], args.peer_seconds_at_least)
+        runs["peer"][str(seed)] = run_peer(data, out, seed, plain_recipe(), seconds)
+        workdir = out / f"ours-seed{seed}"
+        if k == 0:  # a run per rate; the best on dev is the first seed's result
+            candidates = {
+                lr: run_peer(data, out, seed, tuned_recipe(workdir, lr), seconds, dev=True)
+                for lr in args.lr_list
+            }
+            dev_bleu = {f"{lr:g}": c["dev_bleu"] for lr, c in candidates.items()}
+            picked = max(args.lr_list, key=lambda lr: candidates[lr]["dev_bleu"])
+            print(f"  peer-tuned: learning rate {picked:g} (dev BLEU {dev_bleu})", flush=True)
+            tuned = candidates[picked]
+        else:
+            tuned = run_peer(data, out, seed, tuned_recipe(workdir, picked), seconds)
+        runs["peer-tuned"][str(seed)] = tuned
+        comparisons[str(seed)] = significance(out, seed, picked, refs)
+    return {
+        "train_pairs": len(read_lines(data / f"train.{LANGS[0]}")),
+        "dev_lines": len(read_lines(data / f"dev.{LANGS[0]}")),
+        "test_lines": len(refs),
+        "words_per_line": words_per_line(data / f"train.{LANGS[0]}"),
+        "ours_learning_rate": ours_learning_rate(out / f"ours-seed{args.seed_list[0]}"),
+        "picked_learning_rate": picked,
+        "dev_bleu_by_learning_rate": dev_bleu,
+        "runs": runs,
+        "comparisons": comparisons,
+    }
+
+
+def ours_learning_rate(workdir: Path) -> float:
+    """Our run's peak learning rate (``train.learning_rate`` of its ``config.yaml``)."""
+    from seq2seq.config import load_config
+    from seq2seq.workdir import config_path
+
+    return load_config(config_path(workdir)).train.learning_rate
+
+
+def significance(out: Path, seed: int, picked: float, refs: list[str]) -> dict[str, Any]:
+    """``seq2seq.evaluation.compare`` of the seed's three systems (ours the baseline) on
+    BLEU and chrF: scores, 95% CIs and the paired tests' p-values, as JSON."""
+    from seq2seq.evaluation import compare
+
+    units = {
+        "ours": unit_name("ours", seed),
+        "peer": unit_name("peer", seed),
+        "peer-tuned": unit_name("peer-tuned", seed, picked),
+    }
+    systems = [(s, read_lines(out / f"{u}.hyp")) for s, u in units.items()]
+    return compare(systems, refs, metrics=("bleu", "chrf")).to_json()
 
 
 # -- the table -------------------------------------------------------------------------------------
 
 
+def system_rows(r: dict[str, Any], system: str, seeds: list[str]) -> dict[str, Any]:
+    """One system's figures on one proxy across the seeds (the table's cells)."""
+    got = [
+        next(s for s in r["comparisons"][seed]["systems"] if s["name"] == system) for seed in seeds
+    ]
+    runs = [r["runs"][system][seed] for seed in seeds]
+    bleus = [g["BLEU"]["score"] for g in got]
+    return {
+        "seconds": sum(x["train_seconds"] for x in runs) / len(runs),
+        "steps": sum(x.get("step", x.get("steps", 0)) for x in runs) / len(runs),
+        "bleu": bleus,
+        "bleu_mean": sum(bleus) / len(bleus),
+        "bleu_spread": (max(bleus) - min(bleus)) / 2,
+        "chrf_mean": sum(g["chrF"]["score"] for g in got) / len(got),
+        "ci": [g["BLEU"]["ci95"] for g in got],
+        "p_bootstrap": [g["BLEU"]["p_bootstrap"] for g in got],
+        "p_ar": [g["BLEU"]["p_ar"] for g in got],
+    }
+
+
 def markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
+    seeds = [str(s) for s in meta["seeds"]]
+    per = lambda xs, f: " / ".join("—" if x is None else format(x, f) for x in xs)
     lines = [
-        f"Quality at the same training time, the peer's at least "
-        f"{meta.get('peer_seconds_at_least', 0):.0f} s ({meta['date']}; {meta['machine']}; "
-        f"config `{meta['config']}`"
-        f"{'; ' + ' '.join(meta['overrides']) if meta['overrides'] else ''}).",
+        f"Quality at the same training time: ours {meta['budget_text']}, the peers at least "
+        f"{meta['peer_seconds_at_least']:.0f} s; seeds {', '.join(seeds)} (per-seed figures "
+        "in that order); test sets held out of the shipped train split.",
         "",
-        "| proxy | pairs | words/line | ours s | peer s | ours BLEU | ours chrF | peer BLEU | "
-        "peer chrF | ours − peer BLEU | ours steps | peer steps |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| proxy | system | train pairs | test lines | s | steps | BLEU per seed | "
+        "BLEU mean ± ½ range | chrF mean | 95% CI ± | p (bootstrap) | p (AR) | peak lr |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for name, r in result["proxies"].items():
-        o, p = r["ours"], r["peer"]
-        lines.append(
-            f"| {name} | {r['train_pairs']:,} | {r['words_per_line']:.1f} | "
-            f"{o['train_seconds']:.0f} | {p['train_seconds']:.0f} | "
-            f"{o['test_bleu']:.2f} | {o['test_chrf']:.2f} | "
-            f"{p['test_bleu']:.2f} | {p['test_chrf']:.2f} | "
-            f"{o['test_bleu'] - p['test_bleu']:+.2f} | {o['step']} | {p['steps']} |"
-        )
+        for system in SYSTEMS:
+            f = system_rows(r, system, seeds)
+            pick = " (dev pick)" if system == "peer-tuned" else ""
+            lr = {
+                "ours": r["ours_learning_rate"],
+                "peer": RECIPE["learning_rate"],
+                "peer-tuned": r["picked_learning_rate"],
+            }[system]
+            lines.append(
+                f"| {name} | {system} | {r['train_pairs']:,} | {r['test_lines']:,} | "
+                f"{f['seconds']:.0f} | {f['steps']:.0f} | {per(f['bleu'], '.2f')} | "
+                f"{f['bleu_mean']:.2f} ± {f['bleu_spread']:.2f} | {f['chrf_mean']:.2f} | "
+                f"{per(f['ci'], '.2f')} | {per(f['p_bootstrap'], '.3f')} | "
+                f"{per(f['p_ar'], '.3f')} | {lr:g}{pick} |"
+            )
     first = next(iter(result["proxies"].values()), None)
     if first:
+        c = next(iter(first["comparisons"].values()))
+        sig = c["signatures"]
         lines += [
             "",
-            f"Signatures: `{first['ours']['bleu_signature']}`, "
-            f"`{first['ours']['chrf_signature']}` (both sides).",
+            f"sacreBLEU on the detokenised test split, ours the baseline of the paired tests "
+            f"(bootstrap: `{sig['BLEU']['bootstrap']}`, `{sig['chrF']['bootstrap']}`; AR: "
+            f"`{sig['BLEU']['ar']}`, `{sig['chrF']['ar']}`). CI and p-values: BLEU.",
         ]
+    picks = "; ".join(
+        f"{name}: "
+        + ", ".join(
+            f"{lr} → {b:.2f}" + (" (picked)" if float(lr) == r["picked_learning_rate"] else "")
+            for lr, b in r["dev_bleu_by_learning_rate"].items()
+        )
+        for name, r in result["proxies"].items()
+    )
+    h = meta["heldout"]
+    sets = ", ".join(
+        f"{n} {s['pairs']:,} pairs ({s['groups']:,} groups)" for n, s in h["sets"].items()
+    )
+    lines += [
+        f"peer-tuned's peak learning rate, dev BLEU per candidate (seed {seeds[0]}, beam 4): "
+        f"{picks}.",
+        f"Held-out test sets: whole groups of ≤ {h['max_group_pairs']} pairs sharing a sentence, "
+        f"ordered by sha256 with salt `{h['salt']}`: {sets}; their "
+        f"{h['removed_from_every_proxys_train']:,} pairs are in no proxy's training data "
+        "(long's are then joined).",
+        f"{meta['date']}; {meta['machine']}; config `{meta['config']}`"
+        + (f"; overrides `{' '.join(meta['ours_overrides'])}`" if meta["ours_overrides"] else "")
+        + ".",
+        "Choices were made on dev only: the test sets were decoded once per run and used for "
+        f"nothing else. {LENGTH_PENALTY_NOTE}.",
+    ]
     return "\n".join(lines)
+
+
+# -- the command line ------------------------------------------------------------------------------
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -371,68 +939,169 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an override of our config (repeatable; the peer follows the run's model sizes)",
+        help="an override of our config (repeatable; the peers follow the run's model sizes)",
     )
     g.add_argument(
-        "--small-dir",
-        default=str(ROOT.parent / "shared" / "data" / "tatoeba-en-es" / "small"),
-        help="the 20k-pair split of the shipped corpus (plain text)",
+        "--corpus",
+        default=str(ROOT / "data" / "tatoeba-en-es"),
+        help="the shipped corpus: {train,dev}.{en,es}[.gz]",
+    )
+    g.add_argument("--seeds", default="1,2", help="comma-separated, at least two (default 1,2)")
+    g.add_argument(
+        "--peer-lrs",
+        default="1e-3,2e-3",
+        help="peer-tuned's candidate peak learning rates, picked on dev (at least two)",
+    )
+    g.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="our training seconds (default: the config's train.time_budget)",
     )
     g.add_argument(
         "--peer-seconds",
         type=float,
-        default=900.0,
-        help="the peer trains for our training seconds but at least this long (default 900)",
+        default=None,
+        help="the peers train for our training seconds but at least this long "
+        "(default: the budget × 15/13)",
+    )
+    g.add_argument(
+        "--test-pairs", type=int, default=TEST_PAIRS, help="pairs per held-out test set (2000)"
     )
     g.add_argument("--out", default="runs/quality", help="corpora and runs go here")
     g.add_argument("--limit-lines", type=int, default=0, help=argparse.SUPPRESS)
 
 
-def run(args: argparse.Namespace, machine: str, write_docs: Callable[..., None]) -> int:
-    """The comparison; ``write_docs(path, table, begin, end)`` is ``compare.write_docs``."""
-    proxies = [s for s in args.proxies.split(",") if s]
-    for s in proxies:
+def numbers(option: str, text: str, kind: type, smallest: int) -> list[Any]:
+    """The comma-separated values of ``option`` as ``kind``: distinct, at least ``smallest``.
+
+    Raises:
+      UsageError: a value does not parse, repeats, or there are too few.
+    """
+    try:
+        values = [kind(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"{option} {text}: not a comma-separated list of numbers") from None
+    if len(set(values)) != len(values):
+        raise UsageError(f"{option} {text}: a value is repeated")
+    if len(values) < smallest:
+        raise UsageError(f"{option} {text}: needs at least {smallest} values")
+    return values
+
+
+def check(args: argparse.Namespace) -> None:
+    """Validate the options and derive ``proxy_list``, ``seed_list``, ``lr_list``, ``budget``
+    (seconds), ``budget_override`` and ``peer_seconds_at_least``.
+
+    Raises:
+      UsageError: the message names the option or file.
+    """
+    from seq2seq.config import ConfigError, load_config
+
+    args.proxy_list = [s for s in args.proxies.split(",") if s]
+    for s in args.proxy_list:
         if s not in PROXIES:
-            print(f"unknown proxy {s!r}; choose from {', '.join(PROXIES)}", file=sys.stderr)
-            return 2
-    if "small" in proxies and not (Path(args.small_dir) / "train.en").exists():
-        print(f"--small-dir {args.small_dir}: no train.en there", file=sys.stderr)
+            raise UsageError(f"--proxies: unknown proxy {s!r}; choose from {', '.join(PROXIES)}")
+    args.seed_list = numbers("--seeds", args.seeds, int, 1 if args.limit_lines else 2)
+    args.lr_list = numbers("--peer-lrs", args.peer_lrs, float, 2)
+    if any(lr <= 0 for lr in args.lr_list):
+        raise UsageError(f"--peer-lrs {args.peer_lrs}: learning rates must be > 0")
+    if args.test_pairs < 1:
+        raise UsageError(f"--test-pairs {args.test_pairs}: must be >= 1")
+    if args.budget is not None and args.budget < 0:
+        raise UsageError(f"--budget {args.budget:g}: must be >= 0")
+    corpus = Path(args.corpus)
+    for split in ("train", "dev"):
+        for lang in LANGS:
+            path = corpus / f"{split}.{lang}"
+            if not path.exists() and not path.with_name(path.name + ".gz").exists():
+                raise UsageError(f"--corpus {corpus}: {path.name}[.gz] is missing")
+    try:
+        cfg = load_config(ROOT / args.config, args.set)
+    except ConfigError as e:
+        raise UsageError(f"--config {args.config} / --set: {e}") from None
+    args.budget_override = [] if args.budget is None else [f"train.time_budget={args.budget:g}"]
+    args.budget_seconds = cfg.train.time_budget if args.budget is None else args.budget
+    args.peer_seconds_at_least = (
+        args.budget_seconds * 15 / 13 if args.peer_seconds is None else args.peer_seconds
+    )
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What the saved runs under ``--out`` depend on (a rerun must match to reuse them)."""
+    return {
+        "corpus": str(Path(args.corpus).resolve()),
+        "config": args.config,
+        "overrides": args.set + args.budget_override,
+        "peer_seconds_at_least": args.peer_seconds_at_least,
+        "test_pairs": args.test_pairs,
+        "limit_lines": args.limit_lines,
+        "salt": SALT,
+    }
+
+
+def run(args: argparse.Namespace, machine: str, write_docs: Callable[..., None]) -> int:
+    """The comparison; ``write_docs(path, table, begin, end)`` is ``compare.write_docs``.
+    Returns the exit status: 2 for bad options or input (the message on stderr)."""
+    try:
+        check(args)
+        out = Path(args.out).resolve()
+        mine = settings(args)
+        saved = out / "settings.json"
+        if saved.exists() and json.loads(saved.read_text(encoding="utf-8")) != mine:
+            raise UsageError(
+                f"--out {args.out} holds runs with other settings ({saved}); "
+                "give another --out or remove it"
+            )
+    except UsageError as e:
+        print(f"compare.py --quality: {e}", file=sys.stderr)
         return 2
-    langs = ("en", "es")
-    out = Path(args.out).resolve()
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    out.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(mine, indent=1), encoding="utf-8")
+
+    corpus = Path(args.corpus)
+    shipped = {
+        s: (read_lines(corpus / f"{s}.en"), read_lines(corpus / f"{s}.es")) for s in SPLITS[:2]
+    }
+    carved = carve_heldout(*shipped["train"], pairs=args.test_pairs)
+    provenance = heldout_provenance(carved, args.test_pairs, len(shipped["train"][0]))
+    budget_text = (
+        f"train.time_budget {args.budget_seconds:g} s"
+        if args.budget_seconds
+        else "the config's steps (no time budget)"
+    )
     result: dict[str, Any] = {
         "meta": {
             "date": time.strftime("%Y-%m-%d %H:%M %Z"),
             "machine": machine,
             "config": args.config,
             "overrides": args.set,
+            "ours_overrides": args.set + args.budget_override,
+            "budget_seconds": args.budget_seconds,
+            "budget_text": budget_text,
+            "peer_seconds_at_least": args.peer_seconds_at_least,
+            "seeds": args.seed_list,
+            "peer_learning_rates": args.lr_list,
             "recipe": RECIPE,
-            "peer_seconds_at_least": args.peer_seconds,
-            "threads": threads,
+            "peer_tuned": "RECIPE with ours' linear warmup and decay to zero at the run's fixed "
+            "end (warmup: ours' share of the projected steps), ours' dropout and decoding, the "
+            "peak learning rate picked on dev for the first seed",
+            "length_penalty_note": LENGTH_PENALTY_NOTE,
+            "spread": "half the range over the seeds, (max - min) / 2",
+            "limit_lines": args.limit_lines,
+            "heldout": provenance,
         },
         "proxies": {},
     }
-    for name in proxies:
+    for name in args.proxy_list:
         print(f"proxy {name}", flush=True)
-        data = write_proxy(name, out / name / "data", Path(args.small_dir), langs)
-        if args.limit_lines:  # the smoke test: a few lines of each split
-            for f in data.iterdir():
-                f.write_text(
-                    "".join(line + "\n" for line in read_lines(f)[: args.limit_lines]),
-                    encoding="utf-8",
-                )
-        ours = train_ours(args.config, data, out / name / "ours", args.set)
-        print(f"  ours: BLEU {ours['test_bleu']:.2f} in {ours['train_seconds']:.0f} s", flush=True)
-        budget = max(ours["train_seconds"], args.peer_seconds)
-        peer = train_peer(out / name / "ours", data, langs, budget, threads or 1)
-        print(f"  peer: BLEU {peer['test_bleu']:.2f} in {peer['train_seconds']:.0f} s", flush=True)
-        result["proxies"][name] = {
-            "train_pairs": len(read_lines(data / "train.en")),
-            "words_per_line": words_per_line(data / "train.en"),
-            "ours": {k: v for k, v in ours.items() if k not in ("examples", "data")},
-            "peer": peer,
-        }
+        splits = proxy_splits(name, shipped, carved)
+        data = write_proxy(splits, out / name / "data", args.limit_lines)
+        part = run_proxy(args, data, out / name)
+        result["proxies"][name] = part
+        if name == "long":
+            result["meta"]["heldout"]["sets"]["long"]["joined_lines"] = len(splits["test"][0])
+
     table = markdown(result)
     print("\n" + table)
     if args.json:

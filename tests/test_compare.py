@@ -3,8 +3,10 @@ and the JSON and the table have their layout. Speed is not asserted here (docs/b
 
 import json
 import os
+import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -126,40 +128,178 @@ def test_joined_pairs_stay_aligned_and_use_every_line():
         join_consecutive(src, tgt[:-1], seed=0)
 
 
-@pytest.mark.slow
-def test_quality_comparison_runs_both_systems_on_a_proxy(tmp_path):
-    for name in ("torch", "transformers"):
+def _shared_corpus():
+    """~700 synthetic pairs in groups that share a sentence (case and spacing vary), a few
+    groups of more than 8 pairs, and singletons."""
+    en, es = [], []
+    for g in range(150):  # chains: pair k shares its English with k-1 or its Spanish
+        for k in range(1 + g % 5):
+            en.append(f"Sentence {g} {k // 2}." if k % 2 else f"sentence  {g} {k // 2}.")
+            es.append(f"Frase {g} {(k + 1) // 2}." if k % 3 else f"FRASE {g} {(k + 1) // 2}.")
+    for g in range(4):  # groups of 12 pairs: one English sentence, many Spanish ones
+        for k in range(12):
+            en.append(f"Go {g}.")
+            es.append(f"Vete {g} {k}.")
+    for i in range(200):
+        en.append(f"single {i}")
+        es.append(f"sola {i}")
+    order = list(range(len(en)))
+    random.Random(0).shuffle(order)
+    return [en[i] for i in order], [es[i] for i in order]
+
+
+def test_carved_heldout_sets_are_whole_groups_kept_out_of_every_proxys_training():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from compare_quality import PROXIES, carve_heldout, proxy_splits, sentence_key
+
+    en, es = _shared_corpus()
+    carved = carve_heldout(en, es, pairs=40)
+    assert carve_heldout(en, es, pairs=40) == carved  # deterministic
+    assert carve_heldout(en, es, pairs=40, salt="other").heldout != carved.heldout
+    keys = lambda idx: (
+        {(0, sentence_key(en[i])) for i in idx} | {(1, sentence_key(es[i])) for i in idx}
+    )
+    held = [carved.heldout[n] for n in PROXIES]
+    for idx in held:
+        assert 40 <= len(idx) < 40 + 8  # whole groups, the last one may overshoot
+        assert not keys(idx) & keys(carved.train)  # no sentence shared with train: groups whole
+        assert all(not en[i].startswith("Go ") for i in idx)  # groups of 12 stay in train
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        assert not set(held[a]) & set(held[b]) and not keys(held[a]) & keys(held[b])
+    assert sorted(carved.train + [i for idx in held for i in idx]) == list(range(len(en)))
+    assert carved.max_group == 8 and all(carved.groups[n] >= 40 / 5 for n in PROXIES)
+
+    dev = ([f"dev {i}" for i in range(30)], [f"desarrollo {i}" for i in range(30)])
+    shipped = {"train": (en, es), "dev": dev}
+    splits = {n: proxy_splits(n, shipped, carved, small_pairs=100, small_dev=10) for n in PROXIES}
+    tests = {sentence_key(s) for idx in held for s in [en[i] for i in idx] + [es[i] for i in idx]}
+    for name in ("full", "small"):
+        train = splits[name]["train"][0] + splits[name]["train"][1]
+        assert not tests & {sentence_key(s) for s in train}, name
+    assert [len(splits["small"][s][0]) for s in ("train", "dev")] == [100, 10]
+    assert splits["full"]["train"][0] == [en[i] for i in carved.train]
+    assert splits["full"]["dev"] == dev and splits["small"]["test"][0] == [
+        en[i] for i in carved.heldout["small"]
+    ]
+    long = splits["long"]  # full's training pairs joined: no held-out sentence either
+    for side in (0, 1):
+        assert " ".join(long["train"][side]) == " ".join(splits["full"]["train"][side])
+    assert " ".join(long["test"][0]) == " ".join(en[i] for i in carved.heldout["long"])
+    with pytest.raises(ValueError, match="too few pairs for 3 held-out sets of 300"):
+        carve_heldout(en, es, pairs=300)
+
+
+def test_tuned_schedule_warms_up_then_decays_to_zero_at_the_fixed_end():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from compare_quality import tuned_horizon, tuned_rate, tuned_warmup
+
+    peak, warmup, end = 2e-3, 10, 50
+    assert tuned_rate(0, peak, warmup, None) == pytest.approx(peak / warmup)
+    assert tuned_rate(4, peak, warmup, None) == pytest.approx(peak / 2)
+    assert tuned_rate(warmup - 1, peak, warmup, end) == pytest.approx(peak)  # the W-th update
+    assert tuned_rate(30, peak, warmup, None) == peak  # before the end is fixed
+    rates = [tuned_rate(c, peak, warmup, end) for c in range(warmup - 1, end + 3)]
+    steps = [a - b for a, b in zip(rates, rates[1:])]
+    assert steps[: end - warmup + 1] == pytest.approx(
+        [peak / (end - warmup + 1)] * (end - warmup + 1)
+    )
+    assert rates[end - warmup + 1 :] == [0.0, 0.0, 0.0]  # zero from the end on
+    assert tuned_rate(end - 1, peak, warmup, end) == pytest.approx(peak / (end - warmup + 1))
+    # the warmup: a fifth of the updates that fit after the probe (10 passes in 2 s: 5/s)
+    assert tuned_warmup(0.2, 10, 2.0, 100.0) == round(0.2 * 98 * 5)
+    assert tuned_warmup(0.2, 10, 200.0, 100.0) == 1  # no time left: at least one step
+    # the end: 20 updates in 10 s after the probe (2/s), 88 s left of 100
+    assert tuned_horizon(20, 12.0, 2.0, 100.0) == 20 + 176
+    assert tuned_horizon(20, 120.0, 2.0, 100.0) == 20  # the budget is spent: end here
+
+
+@pytest.mark.slow  # ~3 min on 2 cores: 2 seeds × (ours, peer, 2 tuned candidates or 1)
+def test_quality_comparison_runs_three_systems_and_seeds_and_resumes(tmp_path):
+    for name in ("torch", "transformers", "sentencepiece"):
         pytest.importorskip(name, reason=f"{name} comes with the optional extra 'compare'")
     out, docs = tmp_path / "quality.json", tmp_path / "benchmarks.md"
     docs.write_text(
         "x\n<!-- compare.py quality: begin -->\nold\n<!-- compare.py quality: end -->\ny\n"
     )
     tiny = "model.d_model=32 model.d_ff=64 model.num_heads=2 model.num_encoder_layers=1 "
-    tiny += "model.num_decoder_layers=1 tokenizer.vocab_size=200 train.steps=3 train.eval_every=3"
+    tiny += "model.num_decoder_layers=1 tokenizer.vocab_size=200 train.steps=3 "
+    tiny += "train.eval_every=3 train.time_budget=0"
+    # short output limits: the untrained models never stop early (peer-tuned decodes as ours)
+    tiny += " decode.max_len_a=0.3 decode.max_len_b=3"
     sets = [a for kv in tiny.split() for a in ("--set", kv)]
-    proc = subprocess.run(
-        [sys.executable, "scripts/compare.py", "--quality", "--proxies", "long"]
-        + ["--limit-lines", "150", "--out", str(tmp_path / "q"), "--json", str(out)]
-        + ["--peer-seconds", "4"]
-        + ["--docs", str(docs), *sets],
-        cwd=ROOT,
-        env={**os.environ, **FAST_XLA},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    r = json.loads(out.read_text())["proxies"]["long"]
-    ours, peer = r["ours"], r["peer"]
-    assert r["train_pairs"] == 150 and ours["step"] == 3 and peer["steps"] >= 1
-    # the peer trained for our training time, or --peer-seconds where that is longer (it
-    # stops after the step that crosses it)
-    assert peer["train_seconds"] >= max(ours["train_seconds"], 4.0)
-    for side in (ours, peer):
-        assert 0 <= side["test_bleu"] <= 100 and 0 <= side["test_chrf"] <= 100
-        assert side["bleu_signature"].startswith("nrefs:1|case:mixed")
+    argv = [sys.executable, "scripts/compare.py", "--quality", "--proxies", "long"]
+    argv += ["--limit-lines", "60", "--out", str(tmp_path / "q"), "--json", str(out)]
+    argv += ["--seeds", "1,2", "--peer-lrs", "1e-3,3e-3", "--peer-seconds", "3"]
+    argv += ["--docs", str(docs), *sets]
+
+    def run():
+        start = time.perf_counter()
+        proc = subprocess.run(
+            argv, cwd=ROOT, env={**os.environ, **FAST_XLA}, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return proc.stdout, time.perf_counter() - start
+
+    first, first_seconds = run()
+    result = json.loads(out.read_text())
+    r = result["proxies"]["long"]
+    assert r["train_pairs"] == 60 and r["test_lines"] == 60
+    assert set(r["runs"]) == {"ours", "peer", "peer-tuned"}
+    for system, runs in r["runs"].items():
+        assert set(runs) == {"1", "2"}, system
+    for seed in ("1", "2"):
+        ours, peer = r["runs"]["ours"][seed], r["runs"]["peer"][seed]
+        tuned = r["runs"]["peer-tuned"][seed]
+        assert ours["step"] == 3 and peer["steps"] >= 1 and tuned["steps"] >= 1
+        # the plain peer trains at least our time and --peer-seconds; the tuned one until its
+        # fixed end or that time
+        assert peer["train_seconds"] >= max(ours["train_seconds"], 3.0)
+        assert tuned["steps"] == tuned["horizon"] or tuned["train_seconds"] >= 3.0
+        assert tuned["recipe"]["learning_rate"] == r["picked_learning_rate"]
+        c = r["comparisons"][seed]
+        assert c["baseline"] == "ours" and c["num_sentences"] == 60
+        assert [s["name"] for s in c["systems"]] == ["ours", "peer", "peer-tuned"]
+        for s in c["systems"]:
+            for metric in ("BLEU", "chrF"):
+                m = s[metric]
+                assert 0 <= m["score"] <= 100 and m["ci95"] >= 0
+                if s["name"] != "ours":
+                    assert 0 <= m["p_bootstrap"] <= 1 and 0 <= m["p_ar"] <= 1
+        assert c["signatures"]["BLEU"]["bootstrap"].startswith("nrefs:1|bs:1000|seed:12345")
+    dev = r["dev_bleu_by_learning_rate"]
+    assert set(dev) == {"0.001", "0.003"}
+    assert r["picked_learning_rate"] in (1e-3, 3e-3)
+    assert dev[f"{r['picked_learning_rate']:g}"] == max(dev.values())
+    h = result["meta"]["heldout"]
+    assert h["salt"] == "quality-heldout" and h["sets"]["long"]["pairs"] >= 2000
     text = docs.read_text()
-    assert "old" not in text and "| long | 150 |" in text and text.endswith("end -->\ny\n")
+    assert "old" not in text and "| long | peer-tuned | 60 | 60 |" in text
+    assert "made on dev only" in text and text.endswith("end -->\ny\n")
+
+    second, second_seconds = run()  # the same --out: every run is reused
+    assert second.count("skip ") == 7 and "peer step" not in second
+    assert json.loads(out.read_text())["proxies"]["long"]["comparisons"] == r["comparisons"]
+    assert second_seconds < first_seconds / 2
+
+
+def test_quality_options_are_checked(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import compare
+    import compare_quality
+
+    for argv, message in (
+        (["--proxies", "full,tiny"], "--proxies: unknown proxy 'tiny'"),
+        (["--seeds", "1"], "--seeds 1: needs at least 2 values"),
+        (["--seeds", "1,1"], "--seeds 1,1: a value is repeated"),
+        (["--peer-lrs", "1e-3"], "--peer-lrs 1e-3: needs at least 2 values"),
+        (["--peer-lrs", "1e-3,x"], "--peer-lrs 1e-3,x: not a comma-separated list"),
+        (["--corpus", str(tmp_path)], "train.en[.gz] is missing"),
+        (["--config", "nowhere.yaml"], "--config nowhere.yaml"),
+    ):
+        args = compare.parse_args(["--quality", "--out", str(tmp_path / "q"), *argv])
+        assert compare_quality.run(args, "machine", compare.write_docs) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert not (tmp_path / "q").exists()  # nothing was started
 
 
 @pytest.mark.slow  # ~1 min: the tiny preset's three programs on each side
