@@ -864,11 +864,12 @@ def markdown(result: dict[str, Any]) -> str:
     per = lambda xs, f: " / ".join("—" if x is None else format(x, f) for x in xs)
     lines = [
         f"Quality at the same training time: ours {meta['budget_text']}, the peers at least "
-        f"{meta['peer_seconds_at_least']:.0f} s; seeds {', '.join(seeds)} (per-seed figures "
-        "in that order); test sets held out of the shipped train split.",
+        f"{meta['peer_seconds_at_least']:.0f} s and ours' seconds; seeds {', '.join(seeds)} "
+        "(per-seed figures in that order; seconds and steps: means); test sets held out of the "
+        "shipped train split.",
         "",
-        "| proxy | system | train pairs | test lines | s | steps | BLEU per seed | "
-        "BLEU mean ± ½ range | chrF mean | 95% CI ± | p (bootstrap) | p (AR) | peak lr |",
+        "| proxy | system | train pairs | test lines | train s | steps | BLEU per seed | "
+        "BLEU mean ± ½ range | chrF mean | BLEU 95% CI ± | p bootstrap | p AR | peak lr |",
         "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for name, r in result["proxies"].items():
@@ -887,16 +888,16 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{per(f['ci'], '.2f')} | {per(f['p_bootstrap'], '.3f')} | "
                 f"{per(f['p_ar'], '.3f')} | {lr:g}{pick} |"
             )
+    lines.append("")
     first = next(iter(result["proxies"].values()), None)
     if first:
-        c = next(iter(first["comparisons"].values()))
-        sig = c["signatures"]
-        lines += [
-            "",
-            f"sacreBLEU on the detokenised test split, ours the baseline of the paired tests "
-            f"(bootstrap: `{sig['BLEU']['bootstrap']}`, `{sig['chrF']['bootstrap']}`; AR: "
-            f"`{sig['BLEU']['ar']}`, `{sig['chrF']['ar']}`). CI and p-values: BLEU.",
-        ]
+        sig = next(iter(first["comparisons"].values()))["signatures"]
+        lines.append(
+            "- sacreBLEU on the detokenised test split; CI and p-values of BLEU, ours the "
+            f"baseline of the paired tests (bootstrap: `{sig['BLEU']['bootstrap']}`, "
+            f"`{sig['chrF']['bootstrap']}`; approximate randomization: `{sig['BLEU']['ar']}`, "
+            f"`{sig['chrF']['ar']}`)."
+        )
     picks = "; ".join(
         f"{name}: "
         + ", ".join(
@@ -907,20 +908,22 @@ def markdown(result: dict[str, Any]) -> str:
     )
     h = meta["heldout"]
     sets = ", ".join(
-        f"{n} {s['pairs']:,} pairs ({s['groups']:,} groups)" for n, s in h["sets"].items()
+        f"{n} {s['pairs']:,} pairs ({s['groups']:,} groups"
+        + (f", joined into {s['joined_lines']:,} lines" if "joined_lines" in s else "")
+        + ")"
+        for n, s in h["sets"].items()
     )
+    overrides = " ".join(meta["ours_overrides"] + ["train.seed=SEED"])
     lines += [
-        f"peer-tuned's peak learning rate, dev BLEU per candidate (seed {seeds[0]}, beam 4): "
-        f"{picks}.",
-        f"Held-out test sets: whole groups of ≤ {h['max_group_pairs']} pairs sharing a sentence, "
-        f"ordered by sha256 with salt `{h['salt']}`: {sets}; their "
-        f"{h['removed_from_every_proxys_train']:,} pairs are in no proxy's training data "
-        "(long's are then joined).",
-        f"{meta['date']}; {meta['machine']}; config `{meta['config']}`"
-        + (f"; overrides `{' '.join(meta['ours_overrides'])}`" if meta["ours_overrides"] else "")
-        + ".",
-        "Choices were made on dev only: the test sets were decoded once per run and used for "
-        f"nothing else. {LENGTH_PENALTY_NOTE}.",
+        f"- peer-tuned's peak learning rate, dev BLEU of each candidate (seed {seeds[0]}, "
+        f"beam 4): {picks}.",
+        f"- Held-out test sets: whole groups of ≤ {h['max_group_pairs']} pairs sharing a "
+        f"sentence, carved out of the shipped train split in the order of sha256 with salt "
+        f"`{h['salt']}`: {sets}; their {h['removed_from_every_proxys_train']:,} pairs are in no "
+        "proxy's training data; the shipped dev and test splits are no proxy's test.",
+        f"- {meta['date']}; {meta['machine']}; config `{meta['config']}`, overrides `{overrides}`.",
+        "- Choices were made on dev only (peer-tuned's learning rate): each test set was "
+        f"decoded once per run and used for nothing else. {LENGTH_PENALTY_NOTE}.",
     ]
     return "\n".join(lines)
 
