@@ -26,7 +26,8 @@ Systems, each trained once per proxy and seed (``--seeds``, default 1,2):
 
 1. ``ours``: ``python -m seq2seq train --config CONFIG`` with the data paths, ``--set``
    overrides, ``train.seed=S`` and (with ``--budget``) ``train.time_budget=B``; its
-   ``test.hyp`` holds the test translations.
+   ``test.hyp`` holds the test translations (if it lacks lines, ``python -m seq2seq
+   translate`` of the checkpoint the run's test score used writes them).
 2. ``peer``: MarianMT of the run's sizes on the run's SentencePiece pieces, the plain recipe
    (``RECIPE``, unchanged since issue 21): Adam (0.9, 0.98, eps 1e-9), peak learning rate 1e-3
    after 400 linear warmup steps, then inverse square root; label smoothing 0.1, dropout 0.1,
@@ -66,7 +67,8 @@ The table gives per proxy and system the mean of the seeds and the spread as hal
 Every finished (proxy, system, seed[, rate]) lands in ``--out`` (``runs/quality``) as JSON with
 its ``.hyp`` file; a rerun with the same ``--out`` skips it (an interrupted comparison resumes;
 ``--out`` remembers its settings and refuses others). The table goes to stdout, ``--json`` and
-``--docs`` (between the ``compare.py quality`` markers).
+``--docs`` (between the ``compare.py quality`` markers). The smoke test's ``--limit-lines N``
+cuts every split (the test sets too) to N lines after the carving and allows a single seed.
 
 Run time: per proxy ``seeds × 3 + (rates − 1)`` trainings (7 by default) of about the budget
 each (peers at least 900 s) plus the test decodes: about 2 hours per proxy, 6 hours for the
@@ -90,8 +92,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 PROXIES = ("full", "small", "long")
 SPLITS = ("train", "dev", "test")
 SYSTEMS = ("ours", "peer", "peer-tuned")
@@ -751,7 +751,9 @@ def run_ours(args: argparse.Namespace, data: Path, out: Path, seed: int) -> dict
     hyps = ours_hypotheses(workdir, data / f"test.{LANGS[0]}", summary["test_step"])
     keys = ("status", "step", "steps", "test_step", "test_bleu", "test_chrf", "train_seconds")
     result = {k: summary.get(k) for k in (*keys, "tokens_seen", "target_tokens_seen")}
-    print(f"  ours seed {seed}: {result['train_seconds']:.0f} s, {result['step']} steps")
+    print(
+        f"  ours seed {seed}: {result['train_seconds']:.0f} s, {result['step']} steps", flush=True
+    )
     return save(path, {**result, "workdir": str(workdir)}, hyps)
 
 
@@ -993,8 +995,9 @@ def numbers(option: str, text: str, kind: type, smallest: int) -> list[Any]:
 
 
 def check(args: argparse.Namespace) -> None:
-    """Validate the options and derive ``proxy_list``, ``seed_list``, ``lr_list``, ``budget``
-    (seconds), ``budget_override`` and ``peer_seconds_at_least``.
+    """Validate the options and derive ``proxy_list``, ``seed_list``, ``lr_list``,
+    ``budget_seconds``, ``budget_override`` (ours' ``train.time_budget``, if ``--budget``) and
+    ``peer_seconds_at_least``.
 
     Raises:
       UsageError: the message names the option or file.
@@ -1059,14 +1062,17 @@ def run(args: argparse.Namespace, machine: str, write_docs: Callable[..., None])
     except UsageError as e:
         print(f"compare.py --quality: {e}", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(mine, indent=1), encoding="utf-8")
-
     corpus = Path(args.corpus)
     shipped = {
         s: (read_lines(corpus / f"{s}.en"), read_lines(corpus / f"{s}.es")) for s in SPLITS[:2]
     }
-    carved = carve_heldout(*shipped["train"], pairs=args.test_pairs)
+    try:
+        carved = carve_heldout(*shipped["train"], pairs=args.test_pairs)
+    except ValueError as e:
+        print(f"compare.py --quality: --test-pairs {args.test_pairs}: {e}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(mine, indent=1), encoding="utf-8")
     provenance = heldout_provenance(carved, args.test_pairs, len(shipped["train"][0]))
     budget_text = (
         f"train.time_budget {args.budget_seconds:g} s"

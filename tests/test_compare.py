@@ -295,6 +295,7 @@ def test_quality_options_are_checked(tmp_path, capsys):
         (["--peer-lrs", "1e-3,x"], "--peer-lrs 1e-3,x: not a comma-separated list"),
         (["--corpus", str(tmp_path)], "train.en[.gz] is missing"),
         (["--config", "nowhere.yaml"], "--config nowhere.yaml"),
+        (["--test-pairs", "50000"], "--test-pairs 50000: the 108126 groups of at most 8"),
     ):
         args = compare.parse_args(["--quality", "--out", str(tmp_path / "q"), *argv])
         assert compare_quality.run(args, "machine", compare.write_docs) == 2, argv
