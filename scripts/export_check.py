@@ -62,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="export directory (default: a temporary one)")
     p.add_argument("--limit", type=int, default=0, help="only the first N test sentences")
     p.add_argument("--allow-unk", action="store_true", help="both may produce the unknown piece")
+    p.add_argument(
+        "--matmul-dtype",
+        choices=("float32", "bfloat16"),
+        help="decode ours with these matmul operands instead of the run's (CTranslate2 "
+        "computes in float32: with float32 the remaining differences are not precision)",
+    )
     p.add_argument("--json", help="also write the figures here")
     a = p.parse_args(argv)
 
@@ -83,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ExportError, OSError, RuntimeError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        config, tokenizer, graphdef, params = load_trained(a.workdir)
+        config, tokenizer, graphdef, params = load_trained(a.workdir, matmul_dtype=a.matmul_dtype)
         test = split_text(config, "test")
         sources, refs = list(test.sources), list(test.targets)
         if a.limit:
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     n = len(sources)
     print(
-        f"{n} test sentences, beam 4; the run's matmul operands: {config.model.matmul_dtype}\n"
+        f"{n} test sentences, beam 4; our matmul operands: {config.model.matmul_dtype}\n"
         f"  as users meet it (ours: {as_run.length_penalty} penalty alpha {as_run.alpha}; "
         f"CTranslate2: the model card's translate_batch("
         f"{', '.join(f'{k}={v}' for k, v in card_call.items())}), its defaults otherwise):\n"
