@@ -437,10 +437,15 @@ def test_ctranslate2_translates_a_trained_run_as_we_do(tmp_path, variant):
         out_card = ctranslate2.Translator(str(out)).translate_batch(
             [pair.source.sp.encode(x, out_type=str) for x in test_lines],
             beam_size=4,
+            length_penalty=config.decode.alpha,
             disable_unk=True,
         )
         card_text = [pair.target.sp.decode(r.hypotheses[0]) for r in out_card]
         assert card["bleu_ctranslate2"] == score(card_text, refs).bleu
         assert card["bleu_ours"] == score([h[0].text for h in ours], refs).bleu
-        assert card["ctranslate2_options"] == {"beam_size": 4, "disable_unk": True}
+        assert card["ctranslate2_options"] == {
+            "beam_size": 4,
+            "length_penalty": 0.6,
+            "disable_unk": True,
+        }
         assert status == (0 if figures["goals_met"] else 1)
