@@ -114,6 +114,20 @@ def spread(values: list[float]) -> dict[str, float]:
 # -- the peers ------------------------------------------------------------------------------------
 
 
+def marian_sizes(m: Any) -> dict[str, int]:
+    """``transformers.MarianConfig``'s size fields for our ``ModelConfig`` ``m`` (our encoder
+    and decoder share the head count and d_ff)."""
+    return dict(
+        d_model=m.d_model,
+        encoder_layers=m.num_encoder_layers,
+        decoder_layers=m.num_decoder_layers,
+        encoder_attention_heads=m.num_heads,
+        decoder_attention_heads=m.num_heads,
+        encoder_ffn_dim=m.d_ff,
+        decoder_ffn_dim=m.d_ff,
+    )
+
+
 class Marian:
     """A randomly initialised MarianMT of a preset's sizes, and its CTranslate2 conversion.
 
@@ -138,13 +152,7 @@ class Marian:
         self.pad = self.vocab
         config = transformers.MarianConfig(
             vocab_size=self.vocab + 1,
-            d_model=m.d_model,
-            encoder_layers=m.num_encoder_layers,
-            decoder_layers=m.num_decoder_layers,
-            encoder_attention_heads=m.num_heads,
-            decoder_attention_heads=m.num_heads,
-            encoder_ffn_dim=m.d_ff,
-            decoder_ffn_dim=m.d_ff,
+            **marian_sizes(m),
             activation_function=m.activation,
             dropout=m.dropout_rate,
             attention_dropout=m.attention_dropout_rate,

@@ -337,12 +337,21 @@ def train_ours(config: str, data: Path, workdir: Path, overrides: list[str]) -> 
         *[f"data.{s}.path={data / s}" for s in SPLITS],
         *overrides,
     ]
+    run_command(args, "seq2seq-train")
+    return json.loads((workdir / "test.json").read_text(encoding="utf-8"))
+
+
+def run_command(args: list[str], name: str) -> None:
+    """Run ``args`` (``python -m seq2seq ...``) from the repository root, echoing it.
+
+    Raises:
+      RuntimeError: it failed (``name``, the exit status and its last output lines quoted).
+    """
     print("  " + " ".join(args[2:]), flush=True)
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
-        raise RuntimeError(f"seq2seq-train failed (exit {proc.returncode}):\n{tail}")
-    return json.loads((workdir / "test.json").read_text(encoding="utf-8"))
+        raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{tail}")
 
 
 def ours_hypotheses(workdir: Path, test_source: Path, test_step: int) -> list[str]:
@@ -360,11 +369,7 @@ def ours_hypotheses(workdir: Path, test_source: Path, test_step: int) -> list[st
     output = workdir / "test.translated.hyp"
     args = [sys.executable, "-m", "seq2seq", "translate", "--workdir", str(workdir)]
     args += ["--step", str(test_step), "--input", str(test_source), "--output", str(output)]
-    print("  " + " ".join(args[2:]), flush=True)
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
-        raise RuntimeError(f"seq2seq-translate failed (exit {proc.returncode}):\n{tail}")
+    run_command(args, "seq2seq-translate")
     return read_lines(output)
 
 
@@ -610,6 +615,7 @@ def train_peer(
     import sentencepiece as spm
     import torch
     import transformers
+    from compare import marian_sizes
 
     from seq2seq.config import load_config
     from seq2seq.workdir import config_path, tokenizer_path
@@ -634,13 +640,7 @@ def train_peer(
     model = transformers.MarianMTModel(
         transformers.MarianConfig(
             vocab_size=sp.get_piece_size(),
-            d_model=m.d_model,
-            encoder_layers=m.num_encoder_layers,
-            decoder_layers=m.num_decoder_layers,
-            encoder_attention_heads=m.num_heads,
-            decoder_attention_heads=m.num_heads,
-            encoder_ffn_dim=m.d_ff,
-            decoder_ffn_dim=m.d_ff,
+            **marian_sizes(m),
             activation_function="relu",
             dropout=recipe["dropout"],
             attention_dropout=0.0,
