@@ -72,7 +72,7 @@ its ``.hyp`` file; a rerun with the same ``--out`` skips it (an interrupted comp
 ``--docs`` (between the ``compare.py quality`` markers). The smoke test's ``--limit-lines N``
 cuts every split (the test sets too) to N lines after the carving and allows a single seed.
 
-Run time: per proxy ``seeds × 3 + (rates − 1)`` trainings (7 by default) of about the budget
+Run time: per proxy ``seeds × 3 + (rates − 1)`` trainings (8 by default) of about the budget
 each (peers at least 900 s) plus the test decodes: about 2 hours per proxy, 6 hours for the
 three, on 2 cores. Not run in CI.
 """
