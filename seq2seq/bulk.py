@@ -13,9 +13,10 @@ not wait for each other), every line seeded by its line number in the file
 decoded it. After a barrier, process 0 merges the chunks in order into one output file (one
 line per input line, written atomically too) and ``OUTPUT_DIR/report.json``.
 
-``OUTPUT_DIR/job.json`` records the input (path, line count, SHA-256 of its bytes), the models,
-the decode settings and the chunk size; a rerun with anything else is refused instead of
-mixing two jobs' outputs.
+``OUTPUT_DIR/job.json`` records the input (path, line count, SHA-256 of its bytes), each
+model's checkpoint (run, step and path, the default resolved before loading) and precision, the
+decode settings and the chunk size; a rerun with anything else (e.g. after training moved the
+run's default checkpoint) is refused instead of merging two models' or jobs' outputs.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ from typing import Any
 import jax
 from tqdm.auto import tqdm
 
-from seq2seq.config import MeshConfig
+from seq2seq.config import Config, MeshConfig
 from seq2seq.sharding import MeshError, Partitioner, check_model, make_mesh
+from seq2seq.trained import checkpoint_step
 from seq2seq.translation import Translator
+from seq2seq.workdir import checkpoint_dir
 
 log = logging.getLogger(__name__)
 
@@ -72,21 +75,51 @@ def file_sha256(path: str | Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def resolve_members(members: Sequence[tuple[str, int | None]]) -> list[tuple[str, int]]:
+    """Each ``(workdir, step)`` as the absolute run path and the step it loads (a None step:
+    the run's default checkpoint now, ``seq2seq.trained.checkpoint_step``). Load these, so
+    that ``job.json`` names the checkpoint decoded even if training saves another meanwhile.
+
+    Raises:
+      FileNotFoundError, CheckpointError: a member is not a run or has no checkpoint.
+    """
+    return [(str(Path(w).resolve()), checkpoint_step(w, s)) for w, s in members]
+
+
 def job_record(
     input_path: str | Path,
     num_lines: int,
     chunk_lines: int,
-    members: Sequence[tuple[str, int | None]],
+    members: Sequence[tuple[str, int]],
+    configs: Sequence[Config],
     translator: Translator,
 ) -> dict[str, Any]:
-    """What identifies a job (``job.json``): the input, the chunking, the models (resolved
-    paths, steps as given), the decode settings and the source limit."""
+    """What identifies a job (``job.json``): the input, the chunking, the models, the decode
+    settings and the source limit.
+
+    Args:
+      members: ``resolve_members``: each model's run and checkpoint step.
+      configs: each member's config as loaded (``--matmul-dtype`` applied): its ``model.dtype``,
+        ``matmul_dtype`` and ``attention`` kernel are recorded beside the checkpoint's run,
+        step and path.
+    """
+    models = [
+        {
+            "run": w,
+            "step": s,
+            "checkpoint": str((checkpoint_dir(w) / str(s)).resolve()),
+            "dtype": c.model.dtype,
+            "matmul_dtype": c.model.matmul_dtype,
+            "attention": c.model.attention,
+        }
+        for (w, s), c in zip(members, configs, strict=True)
+    ]
     return {
         "input": str(Path(input_path).resolve()),
         "sha256": file_sha256(input_path),
         "lines": num_lines,
         "chunk_lines": chunk_lines,
-        "models": [[str(Path(w).resolve()), s] for w, s in members],
+        "models": models,
         "decode": dataclasses.asdict(translator.config),
         "max_src_len": translator.max_src_len,
         "on_long": translator.on_long,
@@ -104,24 +137,53 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _difference(old: Any, new: Any, key: str) -> tuple[str, Any, Any] | None:
+    """The first leaf where ``old`` and ``new`` (JSON values) differ, as ``(key, old, new)``
+    with the key's path (``models[0].step``); None when equal."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for k in [*new, *(k for k in old if k not in new)]:
+            found = _difference(old.get(k), new.get(k), f"{key}.{k}")
+            if found:
+                return found
+        return None
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        for i, (a, b) in enumerate(zip(old, new)):
+            found = _difference(a, b, f"{key}[{i}]")
+            if found:
+                return found
+        return None
+    return None if old == new else (key, old, new)
+
+
+# a model setting with a command-line option: a rerun with the recorded value finishes the job
+_OPTIONS = {"step": "--step", "matmul_dtype": "--matmul-dtype"}
+
+
 def check_job(output_dir: Path, job: dict[str, Any], *, write: bool) -> None:
     """Check that the job recorded in ``output_dir/job.json``, if any, is ``job``; then, when
     ``write`` (process 0), create ``output_dir/chunks`` and ``job.json`` if missing.
 
     Raises:
-      BulkError: ``job.json`` records another job (the message names the first differing key
-        and both values).
+      BulkError: ``job.json`` records another job (the message names the first differing key,
+        e.g. ``models[0].step``, both values, and how to go on).
     """
     path = output_dir / JOB
     if path.is_file():
         old = json.loads(path.read_text(encoding="utf-8"))
         for key in job:
-            if old.get(key) != job[key]:
-                raise BulkError(
-                    f"{path}: this directory holds the chunks of another job: {key} was "
-                    f"{old.get(key)!r}, now {job[key]!r}; give another --output-dir, or remove "
-                    "this one to start again"
-                )
+            found = _difference(old.get(key), job[key], key)
+            if found is None:
+                continue
+            where, was, now = found
+            hint, field = "", where.rsplit(".", 1)[-1]
+            one = where.startswith("models[0].") and len(old["models"]) == 1
+            if one and field in _OPTIONS and was is not None:
+                hint = f"rerun with {_OPTIONS[field]} {was} to finish this job, or "
+            raise BulkError(
+                f"{path}: this directory holds the chunks of another job: {where} was "
+                f"{was!r}, now {now!r}; {hint}give another --output-dir for a new job (or "
+                "remove this one to start again)"
+            )
     if write:
         (output_dir / CHUNKS).mkdir(parents=True, exist_ok=True)
         if not path.is_file():

@@ -304,9 +304,9 @@ def _members(args) -> list[tuple[str, int | None]]:
     return [(str(workdir), step) for workdir, step in chosen]
 
 
-def _load(args):
-    """The model(s) of ``--workdir``/``--step`` with the command line's decoding options
-    (``seq2seq.inference.Opened``).
+def _load(args, chosen=None):
+    """The model(s) of ``--workdir``/``--step`` (or ``chosen``: ``(workdir, step)`` of each)
+    with the command line's decoding options (``seq2seq.inference.Opened``).
 
     Raises:
       ValueError: a sampling option without a search that samples, or as ``open_run``.
@@ -319,7 +319,7 @@ def _load(args):
         if getattr(args, opt, None) is not None
     }
     opened = open_run(
-        _members(args),
+        chosen or _members(args),
         decode_changes=changes,
         matmul_dtype=getattr(args, "matmul_dtype", None),  # --matmul-dtype (translate, score)
     )
@@ -541,10 +541,13 @@ def _translate_bulk(args) -> int:
     )
     try:
         lines = _read_lines(args.input)
-        opened = _load(args)
+        chosen = bulk.resolve_members(_members(args))  # the default checkpoint, fixed now
+        opened = _load(args, chosen)
         translator = _translator(args, opened, bulk.local_partitioner(opened.config))
         chunk_lines = args.chunk_lines or 10000
-        job = bulk.job_record(args.input, len(lines), chunk_lines, _members(args), translator)
+        job = bulk.job_record(
+            args.input, len(lines), chunk_lines, chosen, opened.configs, translator
+        )
         report = bulk.translate_file(
             translator, lines, job, args.output_dir, args.output, source=args.input
         )

@@ -60,11 +60,9 @@ def load_trained(
         config.tokenizer, workdir, src_lang=config.data.src_lang, tgt_lang=config.data.tgt_lang
     )
     graphdef, abstract_state = abstract_train_state(config)
+    step = checkpoint_step(workdir, step)
     checkpointer = Checkpointer(checkpoint_dir(workdir), async_save=False)
     try:
-        step = default_step(checkpointer, config) if step is None else step
-        if step is None:
-            raise CheckpointError(f"no checkpoint in {checkpoint_dir(workdir)}")
         state, _ = checkpointer.restore(abstract_state, step)
     finally:
         checkpointer.close()
@@ -72,6 +70,29 @@ def load_trained(
     # the EMA when the run kept one; LoRA adapters folded into the weights
     graphdef, params = merged(graphdef, state.eval_params)
     return _plain(config), tokenizer, graphdef, params
+
+
+def checkpoint_step(workdir: str | Path, step: int | None = None) -> int:
+    """The step of the checkpoint ``load_trained(workdir, step)`` loads: ``step`` when given,
+    else the run's default (``default_step``), read now (a later save may move the default).
+
+    Raises:
+      FileNotFoundError: ``workdir`` has no config.yaml.
+      CheckpointError: no checkpoint.
+    """
+    if step is not None:
+        return step
+    workdir = Path(workdir)
+    if not config_path(workdir).is_file():
+        raise FileNotFoundError(f"{workdir} is not a run directory (no config.yaml)")
+    checkpointer = Checkpointer(checkpoint_dir(workdir), async_save=False)
+    try:
+        step = default_step(checkpointer, load_config(config_path(workdir)))
+    finally:
+        checkpointer.close()
+    if step is None:
+        raise CheckpointError(f"no checkpoint in {checkpoint_dir(workdir)}")
+    return step
 
 
 def _plain(config: Config) -> Config:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import sentencepiece as spm
-from tiny_run import ROOT, cli_env, random_run, shipped_pairs
+from tiny_run import ROOT, cli_env, random_checkpoint, random_run, shipped_pairs
 
 from seq2seq import bulk, cli
 
@@ -173,6 +174,54 @@ def test_rerun_with_other_settings_or_options_is_refused(run, tmp_path, capsys):
         capsys.readouterr().err
     )
     assert not (out / "chunks").exists() and not (tmp_path / "out2").exists()  # nothing decoded
+
+
+def test_a_job_records_its_checkpoint_and_precision_and_refuses_another(
+    run, short_input, tmp_path, capsys
+):
+    """job.json holds the resolved checkpoint (step and path, not null for the default) and
+    the matmul precision: after the run's default moved to a new checkpoint, or with another
+    --matmul-dtype, a rerun is refused with both values (before the fix it decoded the missing
+    chunk with the other model and merged it); the same model and precision resume."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    src = tmp_path / "in.en"
+    src.write_text("".join(short_input.read_text().splitlines(True)[:6]), encoding="utf-8")
+    out = tmp_path / "out"
+    args = _bulk(copy, src, out, "--chunk-lines", "2")
+    assert cli.translate_main(args) == 0
+    first = (out / "translations.txt").read_text(encoding="utf-8")
+    job = json.loads((out / "job.json").read_text(encoding="utf-8"))
+    one = str((copy / "checkpoints" / "1").resolve())
+    assert job["models"] == [
+        {
+            "run": str(copy.resolve()),
+            "step": 1,
+            "checkpoint": one,
+            "dtype": "float32",
+            "matmul_dtype": "float32",
+            "attention": "dense",
+        }
+    ]
+    (out / "chunks" / "000002.json").unlink()  # as if the job had been interrupted
+    capsys.readouterr()
+
+    random_checkpoint(copy, 2, seed=1)  # training went on: the default is now step 2
+    assert cli.translate_main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{out}/job.json: this directory holds the chunks of another job" in err
+    assert "models[0].step was 1, now 2" in err
+    assert "rerun with --step 1" in err and "give another --output-dir" in err
+    assert cli.translate_main([*args, "--step", "1", "--matmul-dtype", "bfloat16"]) == 2
+    err = capsys.readouterr().err
+    assert "models[0].matmul_dtype was 'float32', now 'bfloat16'" in err
+    assert "rerun with --matmul-dtype float32" in err
+    assert not (out / "chunks" / "000002.json").exists()
+
+    assert cli.translate_main([*args, "--step", "1"]) == 0  # the recorded model: resumes
+    assert (out / "translations.txt").read_text(encoding="utf-8") == first
+    r = _report(out)["run"]
+    assert (r["chunks"], r["skipped"]) == (1, 2)
 
 
 def _chunks_done(out: Path) -> int:

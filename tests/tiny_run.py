@@ -162,10 +162,7 @@ def random_run(workdir: Path, *decode: str, **model: int) -> Path:
     override its sizes; ``decode`` are ``decode.*`` overrides). Loads like a trained run."""
     from seq2seq.config import save_config
     from seq2seq.data.tokenizer import train_or_load
-    from seq2seq.model import build_model
-    from seq2seq.training.checkpoints import Checkpointer
-    from seq2seq.training.step import create_train_state, make_optimizer
-    from seq2seq.workdir import checkpoint_dir, config_path
+    from seq2seq.workdir import config_path
 
     texts = []
     for lang in ("en", "es"):
@@ -188,10 +185,23 @@ def random_run(workdir: Path, *decode: str, **model: int) -> Path:
         ],
     )
     save_config(config, config_path(workdir))
-    _, state = create_train_state(build_model(config.model, 0), make_optimizer(config.train), 0)
+    random_checkpoint(workdir, 1)
+    return workdir
+
+
+def random_checkpoint(workdir: Path, step: int, seed: int = 0) -> None:
+    """Save a randomly initialised model (``seed``) of the run in ``workdir`` (its
+    ``config.yaml``) as the checkpoint of ``step``: the newest, so the run's default."""
+    from seq2seq.model import build_model
+    from seq2seq.training.checkpoints import Checkpointer
+    from seq2seq.training.step import create_train_state, make_optimizer
+    from seq2seq.workdir import checkpoint_dir, config_path
+
+    config = load_config(config_path(workdir))
+    model = build_model(config.model, seed)
+    _, state = create_train_state(model, make_optimizer(config.train), seed)
     ck = Checkpointer(checkpoint_dir(workdir), keep=None, async_save=False)
     try:
-        ck.save(1, state.replace(step=jax.numpy.asarray(1, jax.numpy.int32)), {"step": 1})
+        ck.save(step, state.replace(step=jax.numpy.asarray(step, jax.numpy.int32)), {"step": step})
     finally:
         ck.close()
-    return workdir
