@@ -398,7 +398,10 @@ class TrainConfig:
         the dev split is scored (teacher-forced loss and accuracy, and BLEU if ``dev_bleu``).
       dev_bleu: also decode dev sentences and score them with sacreBLEU at each evaluation.
       bleu_subset: decode only the first N dev sentences for dev BLEU (0 = all of them).
-      bleu_beam_size: beam size for dev BLEU (1 = greedy; 0 = ``decode.beam_size``).
+      bleu_beam_size: beam size for dev BLEU (1 = greedy; 0 = ``decode.beam_size``): dev BLEU
+        decodes with beam search and the other ``decode`` keys (length penalty, limits)
+        whatever ``decode.search`` says (a sampled or MBR score moves with the seed, and MBR
+        costs more); the test decode at the end uses ``decode.search``.
       best_metric: ``bleu`` (dev BLEU, higher is better; needs ``dev_bleu``), ``chrf`` (dev
         chrF, sacreBLEU's chrF2, higher is better; needs ``dev_bleu``) or ``loss`` (dev loss,
         lower is better): selects the best checkpoint and drives early stopping.

@@ -55,9 +55,12 @@ __all__ = [
 def dev_bleu(data: PreparedData, config: Config) -> DevBleu:
     """The dev-BLEU callable ``fit`` calls at each evaluation: sacreBLEU BLEU/chrF of the first
     ``train.bleu_subset`` dev sentences (0 = all; with several dev corpora, shared out evenly
-    over them, ``_subset``), decoded by ``Translator`` with beam
+    over them, ``_subset``), decoded by ``Translator`` with beam search of
     ``train.bleu_beam_size`` (1 = greedy, 0 = ``decode.beam_size``) and the rest of the
-    ``decode`` settings, on the run's mesh. Returns ``bleu``, ``chrf`` and ``bleu_sentences``.
+    ``decode`` settings (length penalty, limits), on the run's mesh, whatever ``decode.search``
+    says: a sampled or MBR dev score would move with the seed (and MBR costs more), and it picks
+    the best checkpoint; the test decode uses ``decode.search``. Returns ``bleu``, ``chrf`` and
+    ``bleu_sentences``.
     """
     t = config.train
     chosen = [
@@ -67,7 +70,9 @@ def dev_bleu(data: PreparedData, config: Config) -> DevBleu:
     ]
     sources = [data.dev_text.sources[i] for i in chosen]
     refs = [data.dev_text.targets[i] for i in chosen]
-    decode = replace(config.decode, beam_size=t.bleu_beam_size or config.decode.beam_size)
+    decode = replace(
+        config.decode, search="beam", beam_size=t.bleu_beam_size or config.decode.beam_size
+    )
 
     def score(params: Any, graphdef: Any, partitioner: Partitioner | None) -> dict[str, float]:
         translator = Translator(

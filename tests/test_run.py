@@ -1,0 +1,66 @@
+"""The application (``seq2seq/run.py``): the search of dev BLEU during training and of the final
+test decode, on the real loop with a tiny model."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_run import tiny_config, write_corpus
+
+from seq2seq import run as run_module
+from seq2seq.config import replace
+from seq2seq.data.pipeline import decode_source_limit
+from seq2seq.trained import load_trained
+from seq2seq.translation import Translator
+
+
+@pytest.mark.slow
+def test_dev_bleu_decodes_with_beam_search_and_the_test_with_decode_search(tmp_path, monkeypatch):
+    """``decode.search=sampling``: each dev evaluation decodes with beam search of
+    ``train.bleu_beam_size`` and the config's length penalty (before the fix it sampled), and
+    the test decode samples; both outputs equal a fresh decode of the checkpoint so set."""
+    corpus = write_corpus(tmp_path / "corpus")
+    decoded = []  # (decode config, sources, first hypotheses) of every Translator of the run
+
+    class Spy(Translator):
+        def translate(self, lines, *args, **kwargs):
+            results = super().translate(lines, *args, **kwargs)
+            decoded.append((self.config, list(lines), [r[0].text for r in results]))
+            return results
+
+    monkeypatch.setattr(run_module, "Translator", Spy)
+    config = tiny_config(
+        corpus,
+        tmp_path / "run",
+        "train.steps=2",
+        "train.eval_every=2",
+        "train.dev_bleu=true",
+        "train.bleu_subset=6",
+        "train.bleu_beam_size=2",
+        "train.test_checkpoint=last",
+        "decode.search=sampling",
+        "decode.seed=3",
+        "decode.alpha=0.8",
+        "decode.length_penalty=plain",
+        "decode.test_limit=6",
+    )
+    summary = run_module.train(config)
+    assert len(decoded) == 2  # one dev evaluation (step 2), then the test decode
+    (dev_decode, dev_src, dev_hyps), (test_decode, test_src, test_hyps) = decoded
+    assert dev_decode == replace(config.decode, search="beam", beam_size=2)
+    assert (dev_decode.alpha, dev_decode.length_penalty) == (0.8, "plain")
+    assert test_decode == config.decode and test_decode.search == "sampling"
+    assert summary["dev"]["bleu_sentences"] == len(dev_src) == 6
+
+    run_config, tokenizer, graphdef, params = load_trained(tmp_path / "run", 2)
+    limit = decode_source_limit(run_config)
+
+    def fresh(decode, lines):
+        translator = Translator(graphdef, params, tokenizer, decode, max_src_len=limit)
+        return [r[0].text for r in translator.translate(lines)]
+
+    assert dev_hyps == fresh(dev_decode, dev_src)
+    assert test_hyps == fresh(config.decode, test_src)
+    assert (tmp_path / "run" / "test.hyp").read_text(encoding="utf-8") == "".join(
+        h + "\n" for h in test_hyps
+    )
+    assert dev_hyps != fresh(config.decode, dev_src)  # sampling would have decoded others
