@@ -261,8 +261,10 @@ class ModelConfig:
       attention_dropout_rate: dropout on the attention weights (after softmax).
       activation_dropout_rate: dropout on the FFN hidden activation.
       activation: FFN nonlinearity: ``relu`` (paper), ``gelu`` (Hendrycks & Gimpel 2016, tanh
-        approximation), ``swish`` (x·sigmoid(x), SiLU; Ramachandran et al. 2017; Marian's), or
-        the gated ``swiglu`` / ``geglu`` (Shazeer 2020; three d_model×d_ff matrices).
+        approximation; Hugging Face's ``gelu_new``), ``gelu_erf`` (the exact x·Φ(x) with erf;
+        Hugging Face's ``gelu``, MarianConfig's default), ``swish`` (x·sigmoid(x), SiLU;
+        Ramachandran et al. 2017; Marian's), or the gated ``swiglu`` / ``geglu`` (Shazeer 2020;
+        three d_model×d_ff matrices).
       norm: ``post`` (paper: LayerNorm(x + Sublayer(x))) or ``pre`` (x + Sublayer(LayerNorm(x))
         and a final LayerNorm per stack).
       positions: ``sinusoidal`` (§3.5), ``learned`` absolute (a ``max_len`` table per stack),
@@ -313,7 +315,10 @@ class ModelConfig:
     attention_dropout_rate: float = rule(0.0, resume=FREE)
     activation_dropout_rate: float = rule(0.0, resume=FREE)
     activation: str = rule(
-        "relu", resume=FIXED, finetune=FIXED, choices=("relu", "gelu", "swish", "swiglu", "geglu")
+        "relu",
+        resume=FIXED,
+        finetune=FIXED,
+        choices=("relu", "gelu", "gelu_erf", "swish", "swiglu", "geglu"),
     )
     norm: str = rule("pre", resume=FIXED, finetune=FIXED, choices=("pre", "post"))
     positions: str = rule(

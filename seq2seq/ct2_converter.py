@@ -12,7 +12,9 @@ output is whatever the installed CTranslate2 writes and validates. The mapping:
   pre-norm stacks' final norms are the encoder's and decoder's ``layer_norm``. ε
   (``model.norm_epsilon``) goes into the model config.
 * Gated FFNs: ``linear_0`` is the activated projection (``wi_gate``), ``linear_0_noact`` the
-  linear one (``wi``). ``jax.nn.gelu`` is the tanh approximation: ``Activation.GELUTanh``.
+  linear one (``wi``). ``gelu`` (``jax.nn.gelu``, the tanh approximation) is
+  ``Activation.GELUTanh``; ``gelu_erf`` is ``Activation.GELU``, which CTranslate2 computes as
+  0.5·x·(1 + erf(x/√2)) (``src/cpu/kernels.cc``, ``gelu_func``).
 * Embeddings are scaled by √d_model in both unless ``model.scale_embeddings`` is false
   (CTranslate2's ``scale_embeddings``). The output projection is the tied target embedding,
   or ``output.kernel`` transposed; its bias is ``logits_bias`` under ``model.logits_bias``.
@@ -42,6 +44,7 @@ from seq2seq.model.positions import sinusoidal_embedding
 ACTIVATIONS = {
     "relu": common_spec.Activation.RELU,
     "gelu": common_spec.Activation.GELUTanh,
+    "gelu_erf": common_spec.Activation.GELU,
     "swish": common_spec.Activation.SWISH,
     "swiglu": common_spec.Activation.SWISH,
     "geglu": common_spec.Activation.GELUTanh,

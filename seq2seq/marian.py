@@ -10,12 +10,14 @@ the map that numbers their pieces, one id space) and one checkpoint (step 0, wri
 (translate, evaluate, score, serve, export, ``train.init_from``) then reads it.
 
 The model becomes our ``Transformer`` with Marian's settings: post-norm with LayerNorm ε 1e-5,
-``swish`` (or ``relu`` / tanh-``gelu``) FFN, sinusoidal positions in the ``halves`` layout,
-embeddings scaled by √d_model when ``scale_embedding``, the ``final_logits_bias`` as
-``logits_bias`` and the embedding sharing of ``share_encoder_decoder_embeddings`` /
-``tie_word_embeddings``. Whatever our model cannot hold exactly is a ``MarianImportError``
-naming the key or weight: e.g. the exact-erf ``gelu``, different encoder and decoder widths,
-a ``normalize_before``/``add_final_layer_norm``/``normalize_embedding`` set to true, separate
+an FFN activation computing the checkpoint's (``ACTIVATIONS``: ``swish``, ``relu``, the exact
+``gelu`` as ``gelu_erf``, ``gelu_new`` as our tanh ``gelu``), sinusoidal positions in the
+``halves`` layout, embeddings scaled by √d_model when ``scale_embedding``, the
+``final_logits_bias`` as ``logits_bias`` and the embedding sharing of
+``share_encoder_decoder_embeddings`` / ``tie_word_embeddings``. Whatever our model cannot hold
+exactly is a ``MarianImportError`` naming the key or weight: e.g. ``quick_gelu`` (the sigmoid
+approximation), different encoder and decoder widths, a
+``normalize_before``/``add_final_layer_norm``/``normalize_embedding`` set to true, separate
 source and target vocabularies (``target_vocab.json``), or a weight that is missing, left
 over or of another shape.
 
@@ -50,13 +52,20 @@ from seq2seq.workdir import checkpoint_dir, config_path
 log = logging.getLogger(__name__)
 
 VOCAB_FILE = "vocab.json"  # tokenizer.vocab_file of an imported run
-# Hugging Face activation names → ours (only exact equivalents)
+# Hugging Face activation names (transformers.activations.ACT2CLS) → ours, only where both
+# compute the same function
 ACTIVATIONS = {
     "swish": "swish",
     "silu": "swish",
     "relu": "relu",
-    "gelu_new": "gelu",  # the tanh approximation, jax.nn.gelu's default
+    "gelu": "gelu_erf",  # torch's exact erf GELU, MarianConfig's default
+    "gelu_python": "gelu_erf",
+    # the tanh approximation, jax.nn.gelu's default, however each one writes it
+    "gelu_new": "gelu",
     "gelu_pytorch_tanh": "gelu",
+    "gelu_python_tanh": "gelu",
+    "gelu_fast": "gelu",
+    "gelu_accurate": "gelu",
 }
 # Keys of older BART-style Marian configs that Hugging Face's Marian ignores; true would say
 # the weights come from a model of another shape.
@@ -94,8 +103,7 @@ def model_config(hf: dict[str, Any], where: str = "config.json") -> ModelConfig:
     if activation not in ACTIVATIONS:
         raise MarianImportError(
             f"{where}: activation_function={activation!r} has no exact counterpart here "
-            f"(supported: {', '.join(ACTIVATIONS)}; 'gelu' is the exact erf GELU, ours is the "
-            "tanh approximation)"
+            f"(supported: {', '.join(ACTIVATIONS)})"
         )
     for key in MUST_BE_FALSE:
         if get(key):

@@ -123,6 +123,7 @@ VARIANTS = {
     "default": {},
     "post-norm": {"norm": "post"},
     "gelu": {"activation": "gelu"},
+    "gelu-erf": {"activation": "gelu_erf"},
     "swiglu": {"activation": "swiglu"},
     "geglu": {"activation": "geglu"},
     "learned": {"positions": "learned", "max_len": 64},

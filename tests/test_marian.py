@@ -162,6 +162,8 @@ SHAPES = {
         weights="bin",
     ),
     "shared-untied": dict(d_model=24, layers=(1, 1), heads=3, ffn=40, tie=False),
+    # MarianConfig's default activation: the exact erf GELU (our gelu_erf)
+    "joint-spm-gelu": dict(d_model=16, layers=(1, 2), heads=2, ffn=48, activation="gelu"),
 }
 
 
@@ -259,7 +261,7 @@ def test_translations_equal_generate(beam, alpha, tmp_path):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(activation_function="gelu"), "activation_function='gelu'"),
+        (dict(activation_function="quick_gelu"), "activation_function='quick_gelu'"),
         (dict(normalize_before=True), "normalize_before=true"),
         (dict(encoder_ffn_dim=64, decoder_ffn_dim=32), "encoder_ffn_dim=64 differs"),
         (dict(d_model=33), "d_model=33 is odd"),
@@ -273,6 +275,24 @@ def test_settings_we_cannot_represent_are_named(change, message):
     base["activation_function"] = "swish"
     with pytest.raises(MarianImportError, match=message.replace("(", r"\(")):
         model_config({**base, **change})
+
+
+def test_each_imported_activation_name_computes_our_function():
+    """Every Hugging Face name the import accepts is, on [-8, 8], the function of the
+    activation it becomes (float32, 1e-6), and the two GELUs differ more than that, so that
+    mapping ``gelu`` (exact erf, MarianConfig's default) to the tanh form would fail."""
+    from transformers.activations import ACT2FN
+
+    from seq2seq.marian import ACTIVATIONS, model_config
+    from seq2seq.model.layers import ACTIVATIONS as OURS
+
+    x = np.linspace(-8.0, 8.0, 4001, dtype=np.float32)
+    for name, ours in ACTIVATIONS.items():
+        theirs = ACT2FN[name](torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(np.asarray(OURS[ours](x)), theirs, atol=1e-6, err_msg=name)
+    gelus = np.asarray(OURS["gelu"](x)) - np.asarray(OURS["gelu_erf"](x))
+    assert np.abs(gelus).max() > 1e-4
+    assert model_config({"d_model": 16}).activation == "gelu_erf"  # the config's default
 
 
 def test_missing_and_extra_weights_and_languages_are_named(tmp_path, capsys):

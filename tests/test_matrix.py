@@ -126,7 +126,7 @@ CHAINS: dict[str, dict] = {
     "alibi": {
         "model.positions": "alibi",
         "model.norm": "post",
-        "model.activation": "gelu",
+        "model.activation": "gelu_erf",
         "model.share_embeddings": "none",
         "model.dtype": "bfloat16",
         "tokenizer.joint": False,

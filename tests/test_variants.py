@@ -15,7 +15,13 @@ from seq2seq.model.precision import matmul
 
 @pytest.mark.parametrize(
     "activation,act",
-    [("relu", jax.nn.relu), ("gelu", jax.nn.gelu), ("swiglu", jax.nn.silu), ("geglu", jax.nn.gelu)],
+    [
+        ("relu", jax.nn.relu),
+        ("gelu", jax.nn.gelu),
+        ("gelu_erf", lambda h: 0.5 * h * (1 + jax.scipy.special.erf(h / np.sqrt(2)))),
+        ("swiglu", jax.nn.silu),
+        ("geglu", jax.nn.gelu),
+    ],
 )
 def test_ffn_matches_its_formula(activation, act):
     ffn = FeedForward(8, 16, activation=activation, rngs=nnx.Rngs(0))

@@ -8,6 +8,7 @@ Norm placement (``norm``):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -22,7 +23,8 @@ from seq2seq.model.precision import linear_dot_general
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
-    "gelu": jax.nn.gelu,
+    "gelu": jax.nn.gelu,  # tanh approximation (Hendrycks & Gimpel 2016, §2)
+    "gelu_erf": functools.partial(jax.nn.gelu, approximate=False),  # exact: x·Φ(x), with erf
     "swish": jax.nn.silu,  # x·sigmoid(x) (Ramachandran et al. 2017), Marian's ``swish``
     # gated (Shazeer 2020, "GLU Variants Improve Transformer", eqs. 5-6): act(xW) ⊙ xV
     "swiglu": jax.nn.silu,
@@ -50,7 +52,8 @@ def layer_norm(d_model: int, rngs: nnx.Rngs, epsilon: float = 1e-6) -> nnx.Layer
 class FeedForward(nnx.Module):
     """Position-wise FFN (Vaswani et al. 2017, eq. 2), optionally gated (Shazeer 2020).
 
-    * ``relu``/``gelu``: ``wo(act(wi(x)))`` = W2 · act(W1 x + b1) + b2; weights 2·d_model·d_ff.
+    * ``relu``/``gelu``/``gelu_erf``/``swish``: ``wo(act(wi(x)))`` = W2 · act(W1 x + b1) + b2;
+      weights 2·d_model·d_ff.
     * ``swiglu``/``geglu``: ``wo(act(wi_gate(x)) ⊙ wi(x))`` with act = Swish/GELU (Shazeer
       2020, eqs. 5-6); weights 3·d_model·d_ff. Shazeer drops the biases; they are kept here,
       like everywhere else in this model (d_ff per input projection, d_model for ``wo``).
