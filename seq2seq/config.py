@@ -461,6 +461,13 @@ class TrainConfig:
         schedule, seed); without it such a resume is refused (the keys whose rule is ``free``
         on resume, ``RESUMABLE``, may always change). The data position is then remapped by
         examples and ``summary.md`` records the changes.
+      allow_data_change: resume a run whose training text changed since its tokenizer was
+        trained (the files, or how they are read): the run's SentencePiece model(s) are kept
+        and the new text is tokenized with them (pieces they lack become unknown or bytes).
+        Without it such a resume is refused, naming the model and the files: a run with
+        checkpoints never retrains its tokenizer, whose pieces their embeddings index. The
+        tokenizer options may not change either way, and a run without checkpoints trains
+        its tokenizer on the new text whatever this says.
     """
 
     seed: int = rule(0, resume=FIXED)
@@ -497,6 +504,7 @@ class TrainConfig:
     lora_alpha: float = rule(16.0, resume=FIXED)
     lora_targets: list[str] = rule(default_factory=lambda: ["attention"], resume=FIXED)
     allow_config_change: bool = rule(False, resume=FREE)
+    allow_data_change: bool = rule(False, resume=FREE)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ real-token share on the shipped corpus."""
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import datasets
@@ -208,6 +209,25 @@ def test_changed_training_text_is_read_retrained_and_tokenized_again(toy):
     third = prepare(config, config.workdir)
     assert third.stats["token_cache_hits"] == 6
     assert third.tokenizer.source.sha256 == second.tokenizer.source.sha256
+
+
+def test_a_same_size_rewrite_with_its_mtime_put_back_is_tokenized_again(toy):
+    """A training line replaced by another of the same length and the file's modification
+    time put back (``touch -r``, an archive extraction): the store is built again from the
+    new text (issue 49; size and mtime alone saw no change)."""
+    config = toy_config(toy)
+    first = prepare(config, config.workdir)
+    path = Path(config.data.train.path + ".es")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    other = next(x for x in lines if len(x) == len(lines[2]) and x != lines[2])
+    assert first.tokenizer.target.decode([first.train.tgt[2]]) == [lines[2]]
+    before = path.stat()
+    path.write_text("\n".join([*lines[:2], other, *lines[3:]]) + "\n", encoding="utf-8")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    second = prepare(config, config.workdir)
+    assert second.tokenizer.target.decode([second.train.tgt[2]]) == [other]
 
 
 def test_separate_vocabularies_with_shared_embeddings_fail_before_reading(tmp_path):

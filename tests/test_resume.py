@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -26,7 +27,7 @@ from tiny_run import (
 
 from seq2seq import cli
 from seq2seq.config import ConfigError, TokenizerConfig, load_config
-from seq2seq.data.tokenizer import train_or_load
+from seq2seq.data.tokenizer import Tokenizer, TokenizerError, train_or_load
 from seq2seq.run import prepare_run
 from seq2seq.trained import load_trained
 from seq2seq.training.checkpoints import HANG_MARKER, HANG_SAVE_ENV, Checkpointer
@@ -544,3 +545,48 @@ def test_resume_refuses_settings_that_change_the_run_and_remaps_data_on_request(
     assert moved and (int(moved[1]), int(moved[2])) == (8, 16)  # half the rows per batch
     text = (workdir / "summary.md").read_text()
     assert "## Config changes on resume" in text and "| 8 | `data.max_tokens` | 512 | 256 |" in text
+
+
+def test_a_resume_never_retrains_the_tokenizer_under_its_checkpoint(tmp_path):
+    """One training line changed after a checkpoint (issue 49): the resume is refused, naming
+    the file, and goes on only with train.allow_data_change, which keeps the run's
+    SentencePiece model and tokenizes the new text with it."""
+    from seq2seq.model import build_model
+    from seq2seq.resolve import resolve_config
+    from seq2seq.training.step import create_train_state, make_optimizer
+
+    paths = write_corpus(tmp_path / "data")
+    workdir, spm_model = tmp_path / "run", tmp_path / "run" / "spm.model"
+    config, data, _ = prepare_run(tiny_config(paths, workdir))  # the run trains its tokenizer
+    _, state = create_train_state(build_model(config.model, 0), make_optimizer(config.train), 0)
+    ck = Checkpointer(checkpoint_dir(workdir), keep=None, async_save=False)
+    try:  # the run's checkpoint at step 2 (what fit saves, without compiling a step)
+        ck.save(2, state.replace(step=jax.numpy.asarray(2, jax.numpy.int32)), {"step": 2})
+    finally:
+        ck.close()
+    model, old = spm_model.read_bytes(), Tokenizer(spm_model)
+    es = Path(paths["train"] + ".es")
+    lines = es.read_text(encoding="utf-8").splitlines()
+    np.testing.assert_array_equal(data.train.tgt[3], old.encode([lines[3]])[0])  # pair 3 kept
+
+    same_size = lines[3].replace("los codos", "las manos")  # the issue's case; then another
+    assert same_size != lines[3] and len(same_size) == len(lines[3])
+    for new in (same_size, "No pongas nada sobre la mesa."):
+        es.write_text("\n".join([*lines[:3], new, *lines[4:]]) + "\n", encoding="utf-8")
+        with pytest.raises(TokenizerError) as refused:
+            prepare_run(tiny_config(paths, workdir))
+        message = str(refused.value)
+        assert str(es.resolve()) in message and str(spm_model) in message
+        assert "train.allow_data_change=true" in message and "new run" in message
+        assert str(Path(paths["train"] + ".en").resolve()) not in message  # unchanged
+        assert spm_model.read_bytes() == model
+
+    # on purpose: the resume goes on with the old model, the new text tokenized with it
+    run = resolve_config(tiny_config(paths, workdir, "train.allow_data_change=true"))
+    assert run.resumed_step == 2
+    _, data, _ = prepare_run(run)
+    assert spm_model.read_bytes() == model and data.tokenizer.source.sha256 == old.sha256
+    np.testing.assert_array_equal(data.train.tgt[3], old.encode([new])[0])
+    # the next resume needs no key: the kept model now serves this text
+    prepare_run(tiny_config(paths, workdir))
+    assert spm_model.read_bytes() == model

@@ -4,6 +4,7 @@ the files' fingerprint) and model, never stale."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,27 @@ def test_file_fingerprint_reads_a_file_only_when_it_changed(tmp_path, monkeypatc
     data.write_text("one\nTWO\n")  # same size, new mtime: read, and the change is seen
     assert file_fingerprint([data], registry) != first
     data.write_text("one\ntwo\n")  # the old content again: the old fingerprint
+    assert file_fingerprint([data], registry) == first
+
+
+def test_file_fingerprint_sees_a_same_size_rewrite_whatever_its_times_say(tmp_path):
+    """Issue 49: a same-size rewrite with its mtime put back (``touch -r``) is seen (the change
+    time moved), and so is one that no time shows (a coarse clock), by the sampled blocks."""
+    data, registry = tmp_path / "train.en", tmp_path / "tokens" / "files.json"
+    data.write_text("one\ntwo\n")
+    first = file_fingerprint([data], registry)
+    before = data.stat()
+    data.write_text("one\nTWO\n")
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert data.stat().st_mtime_ns == before.st_mtime_ns
+    assert file_fingerprint([data], registry) == file_fingerprint([data], None) != first
+
+    data.write_text("one\ntwo\n")  # the registry's entry then says this stat is known
+    entries = json.loads(registry.read_text())
+    st = data.stat()
+    times = dict(size=st.st_size, inode=st.st_ino, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+    entries[str(data.resolve())].update(times)
+    registry.write_text(json.dumps(entries))
     assert file_fingerprint([data], registry) == first
 
 

@@ -4,11 +4,13 @@ Token ids are written once to the token store in ``{workdir}/tokens/`` (flat arr
 offsets, memory-mapped; see ``seq2seq.data.token_cache``), so a resumed or second run maps them
 instead of tokenizing again, and every process of a host shares them through the page cache.
 The training text is streamed in blocks and not kept; a resume whose training files are
-unchanged (size and mtime, see ``file_fingerprint``) does not read it at all: the tokenizer,
+unchanged (``file_identity``, see ``file_digests``) does not read it at all: the tokenizer,
 the ids, the pair counts, the skipped pairs and the hashes of the training sources (for the
 dev/test overlap counts) all come from what the first run stored. Training pairs may be dropped by
 the length and ratio filters; dev and test pairs never are: over-long dev pairs and test
 sources are truncated, and every drop and truncation is counted in ``PreparedData.stats``.
+A run with checkpoints never retrains its tokenizer: changed training text is refused, or with
+``train.allow_data_change`` tokenized with the run's model (``_tokenizers``).
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ from seq2seq.data.sources import (
 from seq2seq.data.token_cache import (
     BLOCK,
     TokenIds,
+    combine_digests,
     content_key,
     encode_blocks,
     encode_cached,
-    file_fingerprint,
+    file_digests,
     read_store,
     write_store,
 )
@@ -52,6 +55,7 @@ from seq2seq.data.tokenizer import (
     load_pair,
     train_or_load_pair,
 )
+from seq2seq.workdir import checkpoint_steps
 
 log = logging.getLogger(__name__)
 
@@ -374,10 +378,11 @@ class _TrainText:
     """The training corpora, read only when the tokenizer or the token store needs the text.
 
     A corpus of plain files (``text``/``tsv``/``csv``/``jsonl``) is identified by
-    ``inputs(i)``: its files' fingerprint (``file_fingerprint``: a ``stat`` per file when
-    they have not changed) and how they are read. The tokenizer and the token store are
-    keyed by it, so a resume with unchanged files never reads the text; changed files give a
-    new fingerprint, a tokenizer check against the text, and a new store.
+    ``inputs(i)``: its files' fingerprint (``file_digests``: a ``stat`` and a few sampled
+    blocks per file when they have not changed) and how they are read. The tokenizer and the
+    token store are keyed by it, so a resume with unchanged files never reads the text;
+    changed files give a new fingerprint, a tokenizer check against the text, and a new
+    store. ``files`` holds the digest of every file fingerprinted so far (path → SHA-256).
     """
 
     def __init__(self, config: Config, cache: Path):
@@ -385,6 +390,7 @@ class _TrainText:
         self.sources = config.data.corpora("train")
         self._datasets: list[Dataset | None] = [None] * len(self.sources)
         self._inputs: list[str | None | bool] = [False] * len(self.sources)  # False: not yet
+        self.files: dict[str, str] = {}
         self.skipped: list[list[str]] = [[] for _ in self.sources]
         self.read_seconds = 0.0
 
@@ -424,8 +430,9 @@ class _TrainText:
                 how = {k: v for k, v in vars(source).items() if k != "weight"}
                 how.update(skip_empty=data.skip_empty, reader=READER_VERSION)
                 how["direction"] = list(data.direction(source))
-                digest = file_fingerprint(files, self.cache / "files.json")
-                text = f"{json.dumps(how, sort_keys=True)}|{digest}"
+                digests = file_digests(files, self.cache / "files.json")
+                self.files.update(zip((str(f.resolve()) for f in files), digests))
+                text = f"{json.dumps(how, sort_keys=True)}|{combine_digests(digests)}"
                 known = hashlib.sha256(text.encode()).hexdigest()
             self._inputs[i] = known
         return known  # type: ignore[return-value]
@@ -622,11 +629,15 @@ def _tokenizers(
     """The run's tokenizers: ``tokenizer`` when given; with ``train.init_from`` the models in
     ``workdir`` (the parent's, copied there by the run); else trained on the training
     corpora (every corpus tag among the user-defined symbols) or loaded when already trained.
-    Sets ``stats["tokenizer_seconds"]`` (reading the training text not included).
+    A run with checkpoints never retrains them (their embeddings index the pieces): a change
+    of the training text is refused, or with ``train.allow_data_change`` the models are kept
+    for the new text (``train_or_load``'s ``on_change``). Sets
+    ``stats["tokenizer_seconds"]`` (reading the training text not included).
 
     Raises:
       ConfigError: a corpus tag is not one piece of the tokenizer.
-      TokenizerError: a tokenizer cannot be trained or loaded.
+      TokenizerError: a tokenizer cannot be trained or loaded, or the training text of a run
+        with checkpoints changed (the message names the model, the files and how to go on).
     """
     d = config.data
     start = time.perf_counter()
@@ -637,6 +648,9 @@ def _tokenizers(
         options = config.tokenizer
         if tags:
             options = replace(options, user_defined_symbols=[*options.user_defined_symbols, *tags])
+        inputs, on_change = train.inputs_all(), "retrain"
+        if checkpoint_steps(workdir):
+            on_change = "keep" if config.train.allow_data_change else "refuse"
         tokenizer = train_or_load_pair(
             _Chained(train.columns("source")),
             _Chained(train.columns("target")),
@@ -644,7 +658,9 @@ def _tokenizers(
             workdir,
             src_lang=d.src_lang,
             tgt_lang=d.tgt_lang,
-            inputs=train.inputs_all(),
+            inputs=inputs,
+            files=train.files if inputs else None,
+            on_change=on_change,
         )
     _check_tags(config, tokenizer)
     stats["tokenizer_seconds"] = time.perf_counter() - start - train.read_seconds

@@ -3,7 +3,8 @@
 Every format is read through Hugging Face ``datasets`` (``load_dataset("text"|"csv"|"json")``
 for files, ``load_dataset(path, name)`` for the hub, ``load_from_disk`` for ``save_to_disk``
 directories), so the Arrow cache under ``HF_DATASETS_CACHE`` makes a second load of the same
-files nearly free. The formats are described in ``seq2seq.config.SourceConfig``.
+files nearly free (keyed by each file's ``file_identity``, not by its modification time alone,
+as ``datasets`` keys it). The formats are described in ``seq2seq.config.SourceConfig``.
 
 Alignment is the one property that must never fail silently, so before a line-based file is
 handed to ``datasets`` its bytes are checked here: UTF-8 (the error names the line), the line
@@ -113,7 +114,8 @@ def load_parallel(
     files = input_files(source, src_lang, tgt_lang)
     key = None
     if files is not None:  # plain files: the same read of unchanged files is not done twice
-        key = (repr(source), src_lang, tgt_lang, skip_empty, split_name, *map(_identity, files))
+        identities = (tuple(file_identity(f).values()) for f in files)
+        key = (repr(source), src_lang, tgt_lang, skip_empty, split_name, *files, *identities)
         if key in _READ:
             ds, known = _READ[key]
             if skipped is not None:
@@ -130,16 +132,42 @@ def load_parallel(
     return ds
 
 
-def _identity(path: Path) -> tuple:
-    """What tells a file's contents apart cheaply: path, inode, size, mtime and a hash of its
-    first and last 64 KiB (a rewrite within the clock's tick changes them)."""
+SAMPLE_BLOCK = 1 << 16  # bytes per block that ``file_identity`` hashes
+SAMPLE_BLOCKS = 16  # such blocks per file: the first, the last and evenly spaced ones
+
+
+def file_identity(path: str | Path) -> dict[str, Any]:
+    """What tells a file's contents apart without reading it whole: its size, inode,
+    modification and change times (ns) and a SHA-256 of ``SAMPLE_BLOCKS`` blocks of
+    ``SAMPLE_BLOCK`` bytes spread evenly from its first to its last byte (the whole file up
+    to 1 MiB): a ``stat`` and at most 1 MiB read.
+
+    A rewrite with other content changes it when it went through the file system (that sets
+    the change time, which ``touch -r``, ``os.utime`` and archive extraction cannot put
+    back), replaced the file (another inode) or touched a sampled block; only an edit outside
+    the sampled blocks that leaves the size and both times as they were (a clock too coarse
+    to tell) goes unseen.
+
+    Raises:
+      OSError: the file cannot be read.
+    """
+    path = Path(path)
     st = path.stat()
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        h.update(f.read(1 << 16))
-        f.seek(max(st.st_size - (1 << 16), 0))
-        h.update(f.read(1 << 16))
-    return (str(path), st.st_ino, st.st_size, st.st_mtime_ns, h.hexdigest())
+        if st.st_size <= SAMPLE_BLOCKS * SAMPLE_BLOCK:
+            h.update(f.read())
+        else:
+            for k in range(SAMPLE_BLOCKS):
+                f.seek(k * (st.st_size - SAMPLE_BLOCK) // (SAMPLE_BLOCKS - 1))
+                h.update(f.read(SAMPLE_BLOCK))
+    return {
+        "size": st.st_size,
+        "inode": st.st_ino,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "sample": h.hexdigest(),
+    }
 
 
 # The last few plain-file reads of this process (``load_parallel``): the recipe's count and
@@ -384,11 +412,21 @@ def _no_download_count():
 
 
 def _hf_load(builder: str, path: Path, **kwargs) -> Dataset:
-    """``load_dataset(builder, data_files=path)``'s one split; errors become DataError."""
+    """``load_dataset(builder, data_files=path)``'s one split; errors become DataError.
+
+    The config is named after the file's ``file_identity``: ``datasets`` keys its cache of a
+    local file by the modification time alone, so a rewrite that puts the time back would
+    otherwise read the old text from the cache."""
+    identity = json.dumps(file_identity(path), sort_keys=True)
+    name = "file-" + hashlib.sha256(identity.encode()).hexdigest()[:16]
     try:
         with _no_download_count():
             return load_dataset(
-                builder, data_files={"train": [os.path.abspath(path)]}, split="train", **kwargs
+                builder,
+                name=name,
+                data_files={"train": [os.path.abspath(path)]},
+                split="train",
+                **kwargs,
             )
     except Exception as e:  # noqa: BLE001 - any loader failure is a bad input file here
         cause = e.__cause__ or e

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from seq2seq.data.sources import file_identity
 from seq2seq.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -208,13 +209,17 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_fingerprint(paths: Sequence[str | Path], registry: str | Path | None) -> str:
-    """SHA-256 (hex) of the contents of ``paths``, reading a file only when it changed.
+def file_digests(paths: Sequence[str | Path], registry: str | Path | None) -> list[str]:
+    """SHA-256 (hex) of each file's contents, in order, reading a file whole only when its
+    entry in ``registry`` does not vouch for it.
 
-    ``registry`` (a JSON file, e.g. ``tokens/files.json``) remembers each file's size,
-    modification time (ns) and content hash: a file whose size and mtime match its entry is
-    not read again; any other is hashed (streamed) and its entry updated. So a resume costs one
-    ``stat`` per file, and a file rewritten with other content is still detected.
+    ``registry`` (a JSON file, e.g. ``tokens/files.json``) remembers each file's
+    ``file_identity`` (size, inode, modification and change times, a hash of sampled blocks)
+    and its content hash. A file whose identity matches its entry is not read whole; any
+    other is hashed (streamed) and its entry updated. So a check costs a ``stat`` and at most
+    1 MiB read per file, and a rewrite with other content is detected as ``file_identity``
+    says: when it went through the file system (even with the modification time put back),
+    replaced the file or touched a sampled block.
 
     Raises:
       OSError: a file cannot be read.
@@ -226,21 +231,37 @@ def file_fingerprint(paths: Sequence[str | Path], registry: str | Path | None) -
         except (OSError, ValueError):
             known = {}
     changed = False
-    h = hashlib.sha256()
+    digests = []
     for p in paths:
         path = Path(p).resolve()
-        st = path.stat()
+        seen = file_identity(path)
         entry = known.get(str(path))
-        if entry and entry[:2] == [st.st_size, st.st_mtime_ns]:
-            digest = entry[2]
-        else:
+        if isinstance(entry, dict) and all(entry.get(k) == v for k, v in seen.items()):
+            digest = entry["sha256"]
+        else:  # new, changed, or an entry of the older [size, mtime, sha256] form
             digest = _file_sha256(path)
-            known[str(path)] = [st.st_size, st.st_mtime_ns, digest]
+            known[str(path)] = {**seen, "sha256": digest}
             changed = True
-        h.update(f"{digest}\n".encode())
+        digests.append(digest)
     if changed and registry is not None:
         _write_bytes(Path(registry), json.dumps(known, indent=1).encode())
-    return h.hexdigest()
+    return digests
+
+
+def file_fingerprint(paths: Sequence[str | Path], registry: str | Path | None) -> str:
+    """SHA-256 (hex) of the contents of ``paths``: ``combine_digests`` of their
+    ``file_digests`` (same registry, same cost), so equal contents give equal fingerprints
+    whatever their stat says.
+
+    Raises:
+      OSError: a file cannot be read.
+    """
+    return combine_digests(file_digests(paths, registry))
+
+
+def combine_digests(digests: Sequence[str]) -> str:
+    """SHA-256 (hex) of file digests in order (``file_fingerprint`` of the files)."""
+    return hashlib.sha256("".join(f"{d}\n" for d in digests).encode()).hexdigest()
 
 
 def _write_bytes(path: Path, data: bytes) -> None:

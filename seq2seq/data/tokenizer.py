@@ -7,8 +7,10 @@ A run has either one joint vocabulary trained on both languages (``spm.model``) 
 ``tokenizer.joint=false``, one model per language trained on its own side
 (``spm.{lang}.model``). Each trained model is stored with ``<name>.json`` holding a content
 hash of its inputs (training text and training options), so a rerun with the same data and
-options reuses it and a changed corpus trains a new one. ``TokenizerPair`` holds the source
-and target tokenizers of a run (the same object twice when joint).
+options reuses it and a changed corpus trains a new one, unless the run has checkpoints: their
+embeddings index the model's pieces, so it is never retrained under them (``train_or_load``'s
+``on_change``). ``TokenizerPair`` holds the source and target tokenizers of a run (the same
+object twice when joint).
 """
 
 from __future__ import annotations
@@ -418,6 +420,67 @@ def _explain(message: str, config: TokenizerConfig, what: str) -> str:
     return f"SentencePiece training on the {what} failed: {message}"
 
 
+# What ``train_or_load`` does with a model whose text or options changed: train it again (a run
+# without checkpoints), refuse, or keep it for the new text (checkpoints index its pieces).
+ON_CHANGE = ("retrain", "refuse", "keep")
+
+
+def _what_changed(meta: dict, served: dict, what: str) -> tuple[str, bool]:
+    """What differs between a model's record ``meta`` and the text and options it is now asked
+    to serve (``served``), as a phrase, and whether that includes its options."""
+    old, new = meta.get("options"), served["options"]
+    if old is not None and old != new:
+        value = lambda o, k: o.get(k, _NEWER_OPTIONS.get(k))  # noqa: E731
+        keys = [k for k in sorted(set(old) | set(new)) if value(old, k) != value(new, k)]
+        listed = ", ".join(f"tokenizer.{k}: {value(old, k)!r} → {value(new, k)!r}" for k in keys)
+        return f"its options changed ({listed})", True
+    before, now = meta.get("files"), served["files"]
+    if before is None or now is None:
+        read = f" (read from {', '.join(now)})" if now else ""
+        return f"the {what}{read} changed", False
+    parts = [
+        f"{label} {', '.join(paths)}"
+        for label, paths in (
+            ("changed:", [p for p in now if p in before and before[p] != now[p]]),
+            ("new:", [p for p in now if p not in before]),
+            ("no longer read:", [p for p in before if p not in now]),
+        )
+        if paths
+    ]
+    if not parts:
+        return f"the {what} changed (its files did not: how they are read did)", False
+    return f"the {what} changed ({'; '.join(parts)})", False
+
+
+def _keep_or_refuse(
+    model_path: Path, meta_path: Path, meta: dict, served: dict, what: str, on_change: str
+) -> Tokenizer:
+    """A run with checkpoints whose tokenizer's text or options changed: the model is kept
+    for the new text (``keep``, same options) or the run refused, never retrained."""
+    change, options = _what_changed(meta, served, what)
+    if on_change == "keep" and not options:
+        log.warning(
+            "%s: %s; kept (train.allow_data_change): the new text is tokenized with it",
+            model_path,
+            change,
+        )
+        trained = meta.get("trained_sha256", meta.get("sha256"))
+        _write_meta(meta_path, {**meta, **served, "trained_sha256": trained})
+        return Tokenizer(model_path)
+    how = (
+        "Set the options back, or start a new run in another workdir"
+        if options
+        else "Put the old text back, start a new run in another workdir, or continue on purpose "
+        "with train.allow_data_change=true (the model is kept and the new text tokenized "
+        "with it)"
+    )
+    raise TokenizerError(
+        f"{model_path} is the tokenizer of the checkpoints in {model_path.parent}, but {change}. "
+        f"A run never retrains its tokenizer under its checkpoints (their embeddings index its "
+        f"pieces). {how}"
+    )
+
+
 def train_or_load(
     texts: Sequence[str],
     config: TokenizerConfig,
@@ -426,6 +489,8 @@ def train_or_load(
     name: str = "spm",
     what: str = "training text",
     inputs: str | None = None,
+    files: dict[str, str] | None = None,
+    on_change: str = "retrain",
 ) -> Tokenizer:
     """Train a SentencePiece model on ``texts`` once, or reuse the one in ``workdir``.
 
@@ -441,6 +506,15 @@ def train_or_load(
         file_fingerprint`` and how they are read), stored with the model: when it and the
         options match the stored ones the model is reused without reading ``texts``;
         otherwise the text's hash decides, as without it.
+      files: the SHA-256 of each file ``texts`` are read from (path → hex digest), stored with
+        the model so that a refusal names the files that changed.
+      on_change: what a model whose text or options changed gets (one of ``ON_CHANGE``):
+        ``retrain`` (a run without checkpoints); ``refuse`` (the run has checkpoints, whose
+        embeddings index this model's pieces: a ``TokenizerError`` names the model, what
+        changed and how to go on); ``keep`` (checkpoints and ``train.allow_data_change``: the
+        model serves the new text, recorded in ``{name}.json``, where ``trained_sha256``
+        keeps the hash of the text it was trained on). A model without its record is then
+        kept as it is; a missing one is refused (training one would not match them).
 
     Returns:
       The loaded Tokenizer.
@@ -448,7 +522,8 @@ def train_or_load(
     Raises:
       TokenizerError: invalid options (see ``check_options``), or training fails; a vocabulary
         larger than the text supports names the largest size that works, one too small for
-        the alphabet the smallest.
+        the alphabet the smallest; a change refused (``on_change``); under ``keep``, changed
+        options (the model cannot be kept for other options).
     """
     check_options(config)
     if config.model_file:
@@ -456,18 +531,32 @@ def train_or_load(
     workdir = Path(workdir)
     model_path, meta_path = workdir / f"{name}.model", workdir / f"{name}.json"
     options = json.loads(json.dumps(_options(config)))
+    if on_change not in ON_CHANGE:
+        raise ValueError(f"on_change={on_change!r}: expected one of {', '.join(ON_CHANGE)}")
     if model_path.is_file() and meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         if inputs is not None and meta.get("inputs") == inputs and meta.get("options") == options:
             log.info("reusing tokenizer %s (its input files are unchanged)", model_path)
             return Tokenizer(model_path)
         digest = _fingerprint(texts, config)
+        served = {"sha256": digest, "options": options, "inputs": inputs, "files": files}
         if meta.get("sha256") == digest:
             log.info("reusing tokenizer %s", model_path)
             if inputs is not None:  # the next run need not read the text
-                _write_meta(meta_path, {**meta, "options": options, "inputs": inputs})
+                _write_meta(meta_path, {**meta, **served})
             return Tokenizer(model_path)
+        if on_change != "retrain":
+            return _keep_or_refuse(model_path, meta_path, meta, served, what, on_change)
         log.warning("training data or tokenizer options changed: retraining %s", model_path)
+    elif on_change != "retrain":  # checkpoints index the pieces of the model in workdir
+        if not model_path.is_file():
+            raise TokenizerError(
+                f"{model_path} is missing, but {workdir} holds checkpoints trained with it: a "
+                "tokenizer trained now would not match them. Put the file back, or start a "
+                "new run in another workdir"
+            )
+        log.warning("%s has no record of its text (%s): kept as it is", model_path, meta_path)
+        return Tokenizer(model_path)
     else:
         digest = _fingerprint(texts, config)
     start = time.perf_counter()
@@ -498,7 +587,7 @@ def train_or_load(
     tmp = model_path.with_suffix(".tmp")
     tmp.write_bytes(model.getvalue())
     tmp.replace(model_path)
-    _write_meta(meta_path, {"sha256": digest, "options": options, "inputs": inputs})
+    _write_meta(meta_path, {"sha256": digest, "options": options, "inputs": inputs, "files": files})
     log.info(
         "trained tokenizer %s (%d pieces) on the %s in %.1f s",
         model_path,
@@ -518,6 +607,8 @@ def train_or_load_pair(
     src_lang: str,
     tgt_lang: str,
     inputs: str | None = None,
+    files: dict[str, str] | None = None,
+    on_change: str = "retrain",
 ) -> TokenizerPair:
     """The run's source and target tokenizers: trained once on the training split, or given.
 
@@ -531,6 +622,7 @@ def train_or_load_pair(
       workdir: run directory (see ``model_names`` for the file names).
       src_lang / tgt_lang: language codes (file names and messages).
       inputs: the training files' fingerprint (see ``train_or_load``).
+      files / on_change: see ``train_or_load``.
 
     Raises:
       TokenizerError: see ``train_or_load``; messages of separate models name the side.
@@ -556,6 +648,8 @@ def train_or_load_pair(
             name=src_name,
             what="training split (both sides, joint vocabulary)",
             inputs=inputs,
+            files=files,
+            on_change=on_change,
         )
         return TokenizerPair(tok, tok)
     sides = []
@@ -573,6 +667,8 @@ def train_or_load_pair(
                 name=name,
                 what=f"{role} ({lang}) side of the training split",
                 inputs=inputs,
+                files=files,
+                on_change=on_change,
             )
         )
     return TokenizerPair(*sides)
