@@ -8,7 +8,9 @@ Sections, each printed as measured and written together as JSON (``--out``):
   ``model.dtype=bfloat16``) on random tokens with no padding: median step time of ``--steps``
   steps after 2 untimed ones, target tokens/s, model FLOPs (``seq2seq.model.flops``) and MFU
   against a bfloat16 ``jnp.dot`` peak measured in the same run (and against the device's
-  nominal dense bfloat16 peak when its kind is known).
+  nominal dense bfloat16 peak when its kind is known); next to them, what ``seq2seq-plan``
+  reads from the same compiled step (peak memory, roofline step time; ``seq2seq.plan``)
+  against the measured peak (``device.memory_stats()``) and step time.
 * ``attention``: ``model.attention=cudnn`` against ``dense`` on packed batches of the shipped
   corpus (``PackedBatches``: segments and padding queries as in training): the largest
   difference of the outputs and of the gradients, and whether either has a NaN.
@@ -38,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from seq2seq import plan
 from seq2seq.config import load_config, replace
 from seq2seq.data.batching import PackedBatches
 from seq2seq.model import build_model
@@ -104,6 +107,9 @@ def bench(preset: str, steps: int, dry: bool, peak: float) -> dict[str, Any]:
         "tgt_positions": np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)),
     }
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    # the planner's figures for this very program on this device (seq2seq-plan's reading of
+    # a compiled step), to print next to what the device measures
+    figures = plan.compile_lowered(step.lower(state, batch), config)
     times = []
     for i in range(steps + 2):
         t = time.perf_counter()
@@ -114,6 +120,10 @@ def bench(preset: str, steps: int, dry: bool, peak: float) -> dict[str, Any]:
     median = statistics.median(times)
     flops = train_flops_per_step(model_cfg, rows, length, length)
     nominal = nominal_peak()
+    device = jax.devices()[0]
+    stats = device.memory_stats() or {}
+    figures_of = plan.device_of(device.device_kind)
+    predicted = plan.roofline_seconds(figures, figures_of) if figures_of else None
     res = {
         "preset": preset,
         "batch": [rows, length],
@@ -124,6 +134,9 @@ def bench(preset: str, steps: int, dry: bool, peak: float) -> dict[str, Any]:
         "mfu_of_measured_peak": flops / median / peak,
         "mfu_of_nominal_peak": flops / median / nominal if nominal else None,
         "loss": float(metrics["loss"] / metrics["tokens"]),
+        "plan_peak_bytes": figures.peak,
+        "measured_peak_bytes": stats.get("peak_bytes_in_use"),
+        "plan_step_seconds": predicted,
     }
     say(
         f"bench {preset}: batch {rows}x{length}, step {median * 1e3:.1f} ms, "
@@ -131,6 +144,14 @@ def bench(preset: str, steps: int, dry: bool, peak: float) -> dict[str, Any]:
         f"{res['achieved_tflops_per_second']:.1f} TFLOP/s, MFU {res['mfu_of_measured_peak']:.1%}"
         f" of the measured peak"
         + (f", {res['mfu_of_nominal_peak']:.1%} of the nominal" if nominal else "")
+    )
+    measured_peak = res["measured_peak_bytes"]
+    say(
+        f"  plan vs measured: peak memory {figures.peak / 1e9:.2f} GB planned, "
+        + (f"{measured_peak / 1e9:.2f} GB measured" if measured_peak else "not measured here")
+        + "; step "
+        + (f"≥ {predicted * 1e3:.1f} ms planned (roofline)" if predicted else "no device figures")
+        + f", {median * 1e3:.1f} ms measured"
     )
     return res
 

@@ -22,6 +22,7 @@ COMMANDS = {
     "params": cli.params_main,
     "serve": cli.serve_main,
     "import": cli.import_main,
+    "plan": cli.plan_main,
 }
 
 

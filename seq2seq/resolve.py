@@ -228,7 +228,7 @@ def log_changes(resolved: Resolved) -> None:
         )
 
 
-def check_run_config(config: Config) -> None:
+def check_run_config(config: Config, *, mesh: bool = True) -> None:
     """Every check that needs no data, run before any work starts (no file read or written).
 
     ``train`` (``check_train_config``), ``decode`` (``check_decode_config``), tokenizer and
@@ -237,7 +237,8 @@ def check_run_config(config: Config) -> None:
     model must match), the data formats and batch arithmetic, the
     model (built abstractly, nothing allocated, so shape errors surface here and not after
     training the tokenizer) and the mesh (its sizes, whole heads and FFN units per ``tensor``
-    shard, batch rows divisible by ``data × fsdp``).
+    shard, batch rows divisible by ``data × fsdp``; ``mesh`` False: not against this
+    process's devices, for ``seq2seq-plan``, which checks it against the target's).
 
     Raises:
       ConfigError / MeshError / ValueError: the message names the key and value at fault.
@@ -288,7 +289,8 @@ def check_run_config(config: Config) -> None:
     check_attention_config(m)
     check_init_from(config)  # the parent's model must match this one
     abstract_train_state(config)
-    Partitioner.from_config(config).process_rows(d.max_tokens // d.max_len)
+    if mesh:
+        Partitioner.from_config(config).process_rows(d.max_tokens // d.max_len)
 
 
 def check_attention_config(m: ModelConfig) -> None:

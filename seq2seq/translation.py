@@ -130,6 +130,56 @@ def check_decode_config(config: DecodeConfig) -> None:
         raise ValueError("; ".join(problems))
 
 
+def chunk_rules(
+    config: DecodeConfig,
+    tokenizer: Any,
+    width: int,
+    lengths: np.ndarray,
+    prefix: np.ndarray | None = None,
+) -> Rules:
+    """The search ``Rules`` of a chunk of sources ``width`` tokens wide: the bucket's output
+    limit (``config.output_limit(width)``, which every row's fits in), each row's limit from
+    its source length (int ``[rows]``, EOS included), ``tokenizer``'s special ids (anything
+    with ``pad_id``, ``bos_id``, ``eos_id``, ``unk_id``), the unknown piece banned unless
+    ``decode.allow_unk``, and ``prefix`` (int32 ``[rows, max_len]`` or None)."""
+    max_len = config.output_limit(width)
+    max_lengths = np.array([min(config.output_limit(int(n)), max_len) for n in lengths])
+    return Rules(
+        max_len=max_len,
+        max_lengths=max_lengths.astype(np.int32),
+        bos_id=tokenizer.bos_id,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        min_length=config.min_length,
+        unk_id=-1 if config.allow_unk else tokenizer.unk_id,  # never " ⁇ " by default
+        prefix=prefix,
+    )
+
+
+def chunk_rows(lines: int, width: int, max_tokens: int, shards: int) -> int:
+    """Rows of a decoding chunk of ``lines`` sources ``width`` tokens wide: the
+    ``max_tokens`` budget (at least one row), or the next power of two for fewer lines,
+    rounded up to whole rows per device (``shards`` = data × fsdp)."""
+    budget = max(1, max_tokens // width)
+    rows = min(budget, 1 << (min(lines, budget) - 1).bit_length())
+    return -(-rows // shards) * shards
+
+
+def search_step(
+    partitioner: Partitioner, param_shardings: Any, search: Any, static: dict[str, Any]
+) -> Any:
+    """``search(params, *rows, **static)`` jitted over ``partitioner``'s mesh as the
+    ``Translator`` runs it: parameters come in with ``param_shardings`` and compute gathered
+    over ``fsdp`` (once, not in every decoding step), the rows (a tuple of arrays
+    ``[sentences, ...]``) are split over ``data × fsdp``, the results are replicated."""
+    layout = partitioner.compute_layout(param_shardings)
+
+    def decode(params, rows):
+        return search(jax.lax.with_sharding_constraint(params, layout), *rows, **static)
+
+    return partitioner.jit(decode, param_shardings)
+
+
 class Translator:
     """Translation of raw sentences with a trained model.
 
@@ -245,9 +295,7 @@ class Translator:
             budget = max(1, cfg.max_tokens // width)
             chunk = [t for t in todo[start : start + budget] if t[0] <= width]
             start += len(chunk)
-            # the full budget, or the next power of two for a smaller (last) chunk
-            rows = min(budget, 1 << (len(chunk) - 1).bit_length())
-            rows = -(-rows // shards) * shards
+            rows = chunk_rows(len(chunk), width, cfg.max_tokens, shards)
             self._decode_chunk(chunk, width, rows, nbest, results, prefix_ids, first_line)
             bar.update(len(chunk))
         if own_bar:
@@ -357,12 +405,7 @@ class Translator:
         shardings = jax.tree.flatten(self._param_shardings)
         key = (search, tuple(sorted(static.items())), shardings[1], tuple(shardings[0]))
         if key not in _EXECUTABLES:
-            layout = self.partitioner.compute_layout(self._param_shardings)
-
-            def decode(params, rows):  # parameters gathered over fsdp once, not in every step
-                return search(jax.lax.with_sharding_constraint(params, layout), *rows, **static)
-
-            _EXECUTABLES[key] = self.partitioner.jit(decode, self._param_shardings)
+            _EXECUTABLES[key] = search_step(self.partitioner, self._param_shardings, search, static)
         placed = self.partitioner.shard_batch(dict(enumerate(inputs)))
         return _EXECUTABLES[key](self.params, tuple(placed.values()))
 
@@ -375,24 +418,13 @@ class Translator:
             src[r, :n] = x
             lengths[r] = n
             line_ids[r] = first_line + i  # the line number in the file seeds its samples
-        max_len = cfg.output_limit(width)  # the bucket's: every row's limit fits in it
-        max_lengths = np.array([min(cfg.output_limit(int(n)), max_len) for n in lengths])
         src_rows = [src, (src != tok.pad_id).astype(np.int32)]
         prefix = None
         if prefix_ids is not None:  # [rows, max_len]: no new shape, PAD after each prefix
-            prefix = np.full((rows, max_len), tok.pad_id, np.int32)
+            prefix = np.full((rows, cfg.output_limit(width)), tok.pad_id, np.int32)
             for r, (_, i, _) in enumerate(chunk):
                 prefix[r, : len(prefix_ids[i])] = prefix_ids[i]
-        rules = Rules(
-            max_len=max_len,
-            max_lengths=max_lengths.astype(np.int32),
-            bos_id=tok.bos_id,
-            eos_id=tok.eos_id,
-            pad_id=tok.pad_id,
-            min_length=cfg.min_length,
-            unk_id=-1 if cfg.allow_unk else tok.unk_id,  # never " ⁇ " by default
-            prefix=prefix,
-        )
+        rules = chunk_rules(cfg, tok, width, lengths, prefix)
         found = self.strategy.search(self._run, src_rows, rules, line_ids=line_ids, nbest=nbest)
         if self.strategy.chooses_texts:  # MBR: among the candidates' texts
             texts = [

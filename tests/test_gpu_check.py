@@ -36,6 +36,7 @@ def test_the_gpu_check_runs_dry_on_cpu(tmp_path):
         # MFU is the achieved rate over the measured peak: the same numbers, divided
         rate = b["achieved_tflops_per_second"] / r["bf16_peak_tflops_per_second"]
         assert b["mfu_of_measured_peak"] == pytest.approx(rate)
+        assert b["plan_peak_bytes"] > 0  # the planner's reading of the same compiled step
     a = r["attention"]
     assert a["padding_queries"] > 0 and not a["nan"]
     assert a["max_output_difference"] == 0.0  # dense stands in for cudnn on CPU

@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "seq2seq.export": 3,
     "seq2seq.marian": 3,
     "seq2seq.bulk": 3,
+    "seq2seq.plan": 3,
     "seq2seq.cli": 4,
     "seq2seq.__main__": 4,
 }

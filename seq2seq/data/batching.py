@@ -34,6 +34,11 @@ Batch = dict[str, np.ndarray]
 FIELDS = ("src", "src_segments", "src_positions", "tgt", "tgt_segments", "tgt_positions")
 
 
+def batch_rows(config) -> int:
+    """Rows of every batch of a ``DataConfig``: ``max_tokens // max_len``, at least 1."""
+    return max(1, config.max_tokens // config.max_len)
+
+
 class Rows:
     """Packed rows as flat arrays: row ``r`` holds pairs ``members[offsets[r]:offsets[r + 1]]``
     (int32/int64 pair indices in placement order; ``offsets`` int64 ``[rows + 1]``)."""

@@ -29,7 +29,7 @@ import numpy as np
 from datasets import Dataset, concatenate_datasets
 
 from seq2seq.config import SPLITS, Config, ConfigError, replace
-from seq2seq.data.batching import MixedBatches, PackedBatches
+from seq2seq.data.batching import MixedBatches, PackedBatches, batch_rows
 from seq2seq.data.documents import concat_pairs
 from seq2seq.data.sources import (
     input_files,
@@ -543,7 +543,7 @@ def prepare(
     text, stats = _read_splits(config, cache, skipped, need_test)
     tokenizer = _tokenizers(config, workdir, text.train, tokenizer, stats)
     encode = _Encoder(cache, stats)
-    rows = max(1, config.data.max_tokens // config.data.max_len)
+    rows = batch_rows(config.data)
     train = _train_batches(config, text.train, tokenizer, encode, rows, stats, skipped)
     dev_batches, unknown = _dev_batches(config, text.dev, tokenizer, encode, rows, stats)
     unknown = {

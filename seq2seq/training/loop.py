@@ -29,16 +29,11 @@ from seq2seq.sharding import Partitioner, agree_to_stop, is_main_process
 from seq2seq.training.actions import Action, Loop, default_actions
 from seq2seq.training.batches import Prefetcher, remap_position
 from seq2seq.training.checkpoints import Checkpointer, discarded_message
+from seq2seq.training.context import train_context
 from seq2seq.training.early_stopping import MODES, BestTracker
 from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.progress import Progress, SkipCounter, load_or_init
-from seq2seq.training.step import (
-    abstract_train_state,
-    make_eval_step,
-    make_optimizer,
-    sharded_train_step,
-    train_size,
-)
+from seq2seq.training.step import abstract_train_state, make_eval_step, train_size
 from seq2seq.workdir import checkpoint_dir
 
 log = logging.getLogger(__name__)
@@ -346,21 +341,10 @@ def _train_loop(
     stopped). The step is compiled once; with ``train.time_budget`` it reads the schedule's
     horizon as an argument (``Loop.horizon``), which the ``time_budget`` action sets."""
     tcfg, p, accum = config.train, progress, config.train.grad_accum_steps
-    shardings = partitioner.shardings(abstract_train_state(config)[1])
-    runtime_horizon = bool(tcfg.time_budget)
-    # micro-batches [accum, rows, length]: rows (axis 1) are split over data × fsdp
-    sharded_step = sharded_train_step(
-        partitioner,
-        shardings,
-        graphdef,
-        make_optimizer(tcfg),
-        bos_id=data.tokenizer.bos_id,
-        label_smoothing=tcfg.label_smoothing,
-        row_axis=1,
-        ema_decay=tcfg.ema_decay,
-        runtime_horizon=runtime_horizon,
-        lora=tcfg.lora_rank > 0,
-    )
+    # the step seq2seq-plan compiles ahead of time too (seq2seq.training.context)
+    context = train_context(config, partitioner, bos_id=data.tokenizer.bos_id)
+    shardings, sharded_step = context.shardings, context.step
+    runtime_horizon = context.runtime_horizon
     evaluate_dev = dev_evaluator(graphdef, shardings.params, data, config, partitioner, dev_bleu)
     actions = default_actions(config, extra_actions)
     bar = tqdm(
