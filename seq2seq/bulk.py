@@ -50,8 +50,17 @@ CHUNKS = "chunks"
 MERGED = "translations.txt"
 # counts summed over chunks: lines, empty lines (not decoded), lines over the source limit
 # (truncated; with on_long="reject" the job stops at the chunk), decoded lines whose translation
-# is empty, source tokens decoded (EOS included, after truncation), output pieces (EOS excluded)
-COUNTS = ("lines", "empty", "truncated", "empty_outputs", "source_tokens", "target_tokens")
+# is empty, source tokens decoded (EOS included, after truncation), output pieces (EOS excluded),
+# line breaks replaced by spaces in the translations (``translation.one_line``)
+COUNTS = (
+    "lines",
+    "empty",
+    "truncated",
+    "empty_outputs",
+    "source_tokens",
+    "target_tokens",
+    "line_breaks",
+)
 
 
 class BulkError(ValueError):
@@ -220,6 +229,7 @@ def translate_chunk(
         "empty_outputs": sum(h.decoded and not h.text for h in hyps),
         "source_tokens": sum(min(n, translator.max_src_len) for n in lengths),
         "target_tokens": sum(len(h.tokens) for h in hyps),
+        "line_breaks": sum(h.line_breaks for h in hyps),
         "seconds": seconds,
         "translations": [h.text for h in hyps],
     }

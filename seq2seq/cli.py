@@ -565,7 +565,8 @@ def _translate_bulk(args) -> int:
         print(
             f"{t['lines']} lines in {report['chunks']} chunks → {report['output']}: "
             f"{t['empty']} empty, {t['truncated']} over the source limit (truncated), "
-            f"{t['empty_outputs']} empty translations",
+            f"{t['empty_outputs']} empty translations, {t['line_breaks']} line breaks in "
+            "translations replaced by spaces",
             file=sys.stderr,
         )
         print(

@@ -5,7 +5,9 @@ Lines are tokenized, sorted by length and cut into batches of at most ``max_toke
 tokens whose width is one of a few ``BUCKETS`` (and whose row count is a power of two or the
 full budget), so that few shapes are compiled; results come back in input order. An empty (or
 all-whitespace) line gives one empty hypothesis without decoding. Sources longer than
-``max_src_len`` tokens are truncated with a warning naming the line, or rejected.
+``max_src_len`` tokens are truncated with a warning naming the line, or rejected. A
+translation is always one line: line breaks that sampled byte pieces decode to are replaced by
+spaces and counted (``one_line``).
 
 Decoding is the strategy ``decode.search`` names (``seq2seq.search``: beam, greedy, sampling or
 MBR; ``seq2seq/decoding.py`` has the rules). Sampling is seeded per line
@@ -17,6 +19,7 @@ device by default): sentences split over ``data × fsdp``, parameters placed by 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +42,17 @@ BUCKETS = (16, 32, 64, 128, 256, 512)
 # compiled searches by (search, static options, parameter layout): see ``Translator._run``
 _EXECUTABLES: dict[tuple, Any] = {}
 ON_LONG = ("truncate", "reject")
+# what ``str.splitlines`` splits on (``\r\n`` is one break): none stays in a translation
+LINE_BREAKS = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def one_line(text: str) -> tuple[str, int]:
+    """``text`` with each line break (``LINE_BREAKS``) replaced by a space, and their number.
+
+    A sampled byte piece such as ``<0x0A>`` decodes to a line break; replaced, a translation
+    is always one line of a file, whatever the model writes.
+    """
+    return LINE_BREAKS.subn(" ", text)
 
 
 @dataclass(frozen=True)
@@ -46,12 +60,14 @@ class Hypothesis:
     """One translation.
 
     Attributes:
-      text: detokenized output.
+      text: detokenized output (SentencePiece's decode of ``tokens``, byte pieces as bytes),
+        one line: its line breaks replaced by spaces (``one_line``).
       tokens: output ids without EOS.
       logprob: total log-probability under the model (EOS included).
       score: ``logprob / lp(|Y|)`` with the configured length penalty.
       decoded: False for the empty hypothesis of a line that was not decoded (empty source,
         no prefix).
+      line_breaks: line breaks the decoded text held, replaced in ``text``.
     """
 
     text: str
@@ -59,6 +75,7 @@ class Hypothesis:
     logprob: float
     score: float
     decoded: bool = field(default=True, compare=False)
+    line_breaks: int = 0
 
 
 @dataclass(frozen=True)
@@ -259,7 +276,8 @@ class Translator:
         Returns:
           One list per line with up to ``nbest`` hypotheses (fewer only if fewer exist, e.g.
           with a maximum output length of 1); an empty or all-whitespace line without a prefix
-          gives exactly one empty hypothesis with logprob and score 0.
+          gives exactly one empty hypothesis with logprob and score 0. Each text is one line
+          (``Hypothesis.line_breaks``); a warning counts the line breaks replaced.
 
         Raises:
           ValueError: ``nbest`` out of range, ``on_long="reject"`` and a line has more than
@@ -300,6 +318,17 @@ class Translator:
             bar.update(len(chunk))
         if own_bar:
             bar.close()
+        breaks = [sum(h.line_breaks for h in hyps) for hyps in results]
+        if any(breaks):
+            first = first_line + next(i for i, n in enumerate(breaks) if n) + 1
+            log.warning(
+                "%s%d line break(s) in the translations of %d line(s) replaced by spaces "
+                "(first: line %d): one line out per line in",
+                f"{source}: " if source else "",
+                sum(breaks),
+                sum(n > 0 for n in breaks),
+                first,
+            )
         return results
 
     def source_ids(
@@ -445,9 +474,10 @@ class Translator:
                 if lens[r, j] < 1:  # an empty n-best slot (fewer hypotheses than nbest exist)
                     continue
                 body = tuple(int(t) for t in tokens[r, j, : lens[r, j] - 1])
+                text, breaks = one_line(tok.decode([body])[0])
                 hyps.append(
                     Hypothesis(
-                        tok.decode([body])[0], body, float(logprobs[r, j]), float(scores[r, j])
+                        text, body, float(logprobs[r, j]), float(scores[r, j]), line_breaks=breaks
                     )
                 )
             results[i] = hyps

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import sacrebleu
 from flax import nnx
-from tiny_run import xla_flags
+from tiny_run import shipped_pairs, xla_flags
 
 from seq2seq import cli
 from seq2seq import search as search_module
@@ -24,7 +24,13 @@ from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, Tokeni
 from seq2seq.data.tokenizer import Tokenizer, train_or_load
 from seq2seq.decoding import length_penalty
 from seq2seq.model import build_model
-from seq2seq.translation import Hypothesis, Translator, check_decode_config
+from seq2seq.translation import (
+    LINE_BREAKS,
+    Hypothesis,
+    Translator,
+    check_decode_config,
+    one_line,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "tatoeba-en-es"
 # 4 lines in bucket 16 and 2 in bucket 32 (batches of 4 and 2 rows), 2 empty ones; most tests
@@ -526,3 +532,100 @@ def test_evaluate_command(run, parts, capsys):
     assert "need as many hypotheses as references (> 0)" in capsys.readouterr().err
     assert cli.evaluate_main(argv[:4] + ["--ref", str(run / "missing.es")]) == 2
     assert "missing.es" in capsys.readouterr().err
+
+
+# -- byte pieces: one line out per line in --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def byte_run(tmp_path_factory):
+    """A run directory: a byte-fallback SentencePiece model (400 pieces, 256 of them bytes)
+    and a random tiny model whose output favours the newline byte piece ``<0x0A>``."""
+    import jax
+
+    from seq2seq.config import load_config, save_config
+    from seq2seq.training.checkpoints import Checkpointer
+    from seq2seq.training.step import create_train_state, make_optimizer
+    from seq2seq.workdir import checkpoint_dir, config_path
+
+    texts = []
+    for lang in ("en", "es"):
+        with gzip.open(DATA / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            texts += f.read().split("\n")[:400]
+    workdir = tmp_path_factory.mktemp("bytes") / "run"
+    keys = ["tokenizer.vocab_size=400", "tokenizer.byte_fallback=true"]
+    tokenizer = train_or_load(texts, load_config(None, keys).tokenizer, workdir)
+    sizes = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1)
+    config = load_config(
+        None,
+        [
+            f"workdir={workdir}",
+            *keys,
+            f"model.vocab_size={tokenizer.vocab_size}",
+            "model.dropout_rate=0.0",
+            *(f"model.{k}={v}" for k, v in sizes.items()),
+            "decode.max_len_a=0.5",
+            "decode.max_len_b=8",
+        ],
+    )
+    save_config(config, config_path(workdir))
+    model = build_model(config.model, seed=0)
+    newline = tokenizer.piece_to_id("<0x0A>")
+    assert tokenizer.sp.is_byte(newline)
+    e = model.embed.embedding[newline]  # logits = norm(x) · Eᵀ: +5 on the newline's logit
+    model.decoder_norm.bias[...] = model.decoder_norm.bias[...] + 5.0 * e / (e @ e)
+    _, state = create_train_state(model, make_optimizer(config.train), 0)
+    ck = Checkpointer(checkpoint_dir(workdir), keep=None, async_save=False)
+    try:
+        ck.save(1, state.replace(step=jax.numpy.asarray(1, jax.numpy.int32)), {"step": 1})
+    finally:
+        ck.close()
+    return workdir
+
+
+def test_sampled_line_breaks_never_split_a_translation(byte_run, tmp_path, capsys):
+    """Samples of a byte-fallback model decode byte pieces as SentencePiece does; each line
+    break in them (what ``str.splitlines`` splits on: ``<0x0A>``, ``<0x0D>``, ``<0x0B>``,
+    ``<0x1C>``, ... pieces) becomes a space and is counted, so translate and bulk translation
+    write one line per input line (before: more lines out than in)."""
+    from seq2seq.inference import open_run
+
+    lines = [en for en, _ in shipped_pairs(0, 12)]
+    src = tmp_path / "in.en"
+    src.write_text("".join(s + "\n" for s in lines), encoding="utf-8")
+    sampling = ["--sampling", "--seed", "0"]
+    assert cli.translate_main(["--workdir", str(byte_run), "--input", str(src), *sampling]) == 0
+    captured = capsys.readouterr()
+    # the reference: SentencePiece's own decode of each sample's ids, split as Python splits
+    opened = open_run([(byte_run, None)], decode_changes={"search": "sampling", "seed": 0})
+    hyps = [h[0] for h in opened.translator().translate(lines)]
+    sp = opened.tokenizer.target.sp
+    raw = [sp.decode(list(h.tokens)) for h in hyps]
+    parts = [(text + "x").splitlines() for text in raw]  # "x": a break at the end counts too
+    breaks = [len(p) - 1 for p in parts]
+    assert sum("\n" in text for text in raw) >= 2 and sum(breaks) > sum(t.count("\n") for t in raw)
+    expected = [" ".join(p)[:-1] for p in parts]
+    assert [h.text for h in hyps] == expected and [h.line_breaks for h in hyps] == breaks
+    assert captured.out == "".join(t + "\n" for t in expected)
+    assert len(captured.out.splitlines()) == len(lines)
+    first = next(i for i, n in enumerate(breaks) if n) + 1
+    assert (
+        f"{src}: {sum(breaks)} line break(s) in the translations of "
+        f"{sum(n > 0 for n in breaks)} line(s) replaced by spaces (first: line {first})"
+    ) in captured.err
+
+    out = tmp_path / "bulk"
+    argv = ["--workdir", str(byte_run), "--input", str(src), "--output-dir", str(out)]
+    assert cli.translate_main([*argv, "--chunk-lines", "12", *sampling]) == 0  # plain's shapes
+    merged = (out / "translations.txt").read_text(encoding="utf-8")
+    assert merged == captured.out and len(merged.splitlines()) == len(lines)
+    totals = json.loads((out / "report.json").read_text(encoding="utf-8"))["totals"]
+    assert (totals["lines"], totals["line_breaks"]) == (len(lines), sum(breaks))
+    err = capsys.readouterr().err
+    assert f"{len(lines)} lines in 1 chunks" in err
+    assert f"{sum(breaks)} line breaks in translations replaced by spaces" in err
+    # every character str.splitlines splits on, and no other, is a break; CRLF is one
+    every = "".join(map(chr, range(0x110000)))  # each break ends one part (the last: none)
+    splits = {part[-1] for part in every.splitlines(keepends=True)[:-1]}
+    assert set(LINE_BREAKS.findall(every)) == splits and len(splits) == 10
+    assert one_line("a\r\nb\u2028") == ("a b ", 2)
