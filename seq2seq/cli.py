@@ -237,7 +237,9 @@ def _decode_parser(
         help="decoding method: beam search, greedy search, sampling, or MBR (minimum Bayes "
         "risk: the candidate with the highest mean chrF against the others)",
     )
-    search.add_argument("--beam", type=_positive_int, help="beam size (1 = greedy search)")
+    search.add_argument(
+        "--beam", type=_positive_int, help="beam size of --search beam (1 = greedy search)"
+    )
     search.add_argument("--alpha", type=_nonnegative_float, help="length-penalty exponent")
     search.add_argument(
         "--min-length", type=_nonnegative_int, help="at least this many tokens before EOS"
@@ -263,7 +265,8 @@ def _decode_parser(
     sampling.add_argument(
         "--epsilon",
         type=_unit_interval,
-        help="epsilon sampling: drop tokens less probable than this (0 = off; 0.02 for MBR)",
+        help="epsilon sampling: drop tokens less probable than this (0 = off; default: "
+        "0.02 for MBR's sampled candidates, else off)",
     )
     sampling.add_argument(
         "--seed", type=int, help="a line's samples depend on the seed and its line number only"
@@ -275,7 +278,8 @@ def _decode_parser(
     mbr.add_argument(
         "--mbr-candidates",
         choices=choices("decode.mbr_candidates"),
-        help="candidates from sampling (the sampling options) or a beam's n-best",
+        help="candidates from sampling (the sampling options) or the n-best of a beam of "
+        "--mbr-size",
     )
     long = parser.add_argument_group("long inputs")
     long.add_argument(
@@ -309,7 +313,8 @@ def _load(args, chosen=None):
     with the command line's decoding options (``seq2seq.inference.Opened``).
 
     Raises:
-      ValueError: a sampling option without a search that samples, or as ``open_run``.
+      ValueError: a sampling option without a search that samples, ``--beam`` without beam
+        search (MBR's candidate beam is ``--mbr-size``), or as ``open_run``.
     """
     from seq2seq.inference import open_run
 
@@ -333,6 +338,11 @@ def _load(args, chosen=None):
                 f"{', '.join(given)} only {verb} with --sampling (or --search mbr with "
                 "sampled candidates)"
             )
+    if getattr(args, "beam", None) is not None and opened.decode.search != "beam":
+        raise ValueError(
+            f"--beam only applies with --search beam, not {opened.decode.search} (MBR's "
+            "candidates with --mbr-candidates beam are the n-best of a beam of --mbr-size)"
+        )
     return opened
 
 

@@ -529,9 +529,12 @@ class DecodeConfig:
       top_k: sample among the k most probable tokens (0 = all; Fan et al. 2018).
       top_p: nucleus sampling mass in (0, 1] (1 = all; Holtzman et al. 2020).
       epsilon: drop tokens less probable than this, in [0, 1) (0 = off; epsilon sampling,
-        Hewitt et al. 2022; 0.02 for MBR's candidates in Freitag et al. 2023).
+        Hewitt et al. 2022); null (the default) leaves it to the search,
+        ``sampling_epsilon``: 0.02 for MBR's sampled candidates (Freitag et al. 2023,
+        "Epsilon Sampling Rocks"), 0 for ``sampling``. A run's ``config.yaml`` keeps the null,
+        so ``--search mbr`` on a run trained with beam search samples with 0.02 too.
       mbr_candidates: where MBR's candidates come from: ``sampling`` (the sampling keys) or
-        ``beam`` (the n-best of a beam of ``mbr_size``).
+        ``beam`` (the n-best of a beam of ``mbr_size``; ``beam_size`` does not apply).
       mbr_size: MBR candidates per sentence, also its pseudo-references (≥ 2).
       seed: sampling seed; a sentence's samples depend on it and the sentence's line number.
       allow_unk: let the search produce the unknown piece (written `` ⁇ `` in the text);
@@ -551,7 +554,7 @@ class DecodeConfig:
     top_k: int = rule(0, resume=FREE)
     top_p: float = rule(1.0, resume=FREE)
     seed: int = rule(0, resume=FREE)
-    epsilon: float = rule(0.0, resume=FREE)
+    epsilon: float | None = rule(None, resume=FREE)
     mbr_candidates: str = rule("sampling", resume=FREE, choices=("sampling", "beam"))
     mbr_size: int = rule(16, resume=FREE)
     allow_unk: bool = rule(False, resume=FREE)
@@ -563,6 +566,14 @@ class DecodeConfig:
                 raise ConfigError(
                     f"decode.{key} must be one of {', '.join(options)}; got {getattr(self, key)!r}"
                 )
+
+    @property
+    def sampling_epsilon(self) -> float:
+        """The ε that sampling uses: ``epsilon``, or when it is null the search's default,
+        0.02 for MBR's sampled candidates (Freitag et al. 2023) and 0 (off) otherwise."""
+        if self.epsilon is not None:
+            return self.epsilon
+        return 0.02 if self.search == "mbr" and self.mbr_candidates == "sampling" else 0.0
 
     def output_limit(self, source_tokens: int) -> int:
         """Output length limit in tokens, EOS included, for a source of ``source_tokens``

@@ -312,7 +312,7 @@ def strategy(decode: DecodeConfig) -> Strategy:
         temperature=decode.temperature,
         top_k=decode.top_k,
         top_p=decode.top_p,
-        epsilon=decode.epsilon,
+        epsilon=decode.sampling_epsilon,
         seed=decode.seed,
         alpha=alpha,
         length_penalty=kind,

@@ -140,7 +140,7 @@ def check_decode_config(config: DecodeConfig) -> None:
             f"decode.mbr_size must be ≥ 2 (candidates per sentence), got {config.mbr_size}"
         )
     try:
-        check_sampling(config.temperature, config.top_k, config.top_p, config.epsilon)
+        check_sampling(config.temperature, config.top_k, config.top_p, config.sampling_epsilon)
     except ValueError as e:
         problems.append(f"decode.{e}")
     if problems:

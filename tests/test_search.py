@@ -10,7 +10,7 @@ import pytest
 from sacrebleu.metrics import CHRF
 from test_translation import tiny_parts, tokenizer_path  # noqa: F401 (a fixture)
 
-from seq2seq.config import ConfigError, DecodeConfig, load_config
+from seq2seq.config import ConfigError, DecodeConfig, load_config, save_config
 from seq2seq.decoding import NEG_INF, filter_logits
 from seq2seq.search import MBR, Beam, Candidates, Greedy, Sampling, chrf_matrix, strategy
 from seq2seq.translation import Translator
@@ -42,6 +42,20 @@ def test_the_search_key_chooses_the_strategy():
         False,
         True,
     ]
+
+
+def test_epsilon_left_to_the_search_is_002_for_mbr_samples_only(tmp_path):
+    """``decode.epsilon`` null (the default, kept in a run's config.yaml) is the search's:
+    0.02 for MBR's sampled candidates (Freitag et al. 2023), 0 for sampling; a value wins."""
+    path = tmp_path / "config.yaml"
+    save_config(load_config(None, []), path)
+    d = load_config(path).decode  # a beam-search run, as translate reads it
+    assert (d.search, d.epsilon) == ("beam", None)
+    assert strategy(replace(d, search="mbr")) == MBR(Sampling(epsilon=0.02), 16)
+    assert strategy(replace(d, search="sampling")) == Sampling(epsilon=0.0)
+    assert strategy(replace(d, search="mbr", epsilon=0.0)) == MBR(Sampling(epsilon=0.0), 16)
+    assert strategy(replace(d, search="sampling", epsilon=0.1)) == Sampling(epsilon=0.1)
+    assert load_config(None, ["decode.search=mbr"]).decode.sampling_epsilon == 0.02
 
 
 def test_former_sampling_key_reads_as_search_sampling(tmp_path):

@@ -380,8 +380,6 @@ def test_translate_command_options_reach_the_translator(run, monkeypatch, capsys
         "RUN",
         "--input",
         str(run / "in.txt"),
-        "--beam",
-        "5",
         "--alpha",
         "1.0",
         "--min-length",
@@ -411,7 +409,6 @@ def test_translate_command_options_reach_the_translator(run, monkeypatch, capsys
     assert seen == dict(
         config=replace(
             DECODE,
-            beam_size=5,
             alpha=1.0,
             min_length=2,
             max_tokens=100,
@@ -456,6 +453,30 @@ def test_translate_command_options_reach_the_translator(run, monkeypatch, capsys
         with pytest.raises(SystemExit):
             cli.translate_main(["--workdir", "RUN", "--sampling"] + bad)
         assert message in capsys.readouterr().err
+
+
+def test_mbr_command_samples_with_epsilon_and_refuses_beam(run, capsys):
+    """``--search mbr`` on a run whose config leaves ``decode.epsilon`` to the search (null)
+    samples its candidates with ε = 0.02 (Freitag et al. 2023): the output of ``--epsilon
+    0.02``, not of ``--epsilon 0`` (before: ε 0, the full distribution). ``--beam``, which
+    only beam search reads (MBR's candidate beam is ``--mbr-size``), is refused by name
+    (before: ignored)."""
+    (run / "in.txt").write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    mbr = ["--workdir", "RUN", "--input", str(run / "in.txt"), "--search", "mbr"]
+    mbr += ["--mbr-size", "4", "--nbest", "2"]
+    out = {}
+    for eps in (None, "0.02", "0"):
+        assert cli.translate_main(mbr + ([] if eps is None else ["--epsilon", eps])) == 0
+        out[eps] = capsys.readouterr().out
+    assert out[None] == out["0.02"] != out["0"]
+    for extra in ([], ["--mbr-candidates", "beam"], ["--search", "sampling"]):
+        assert cli.translate_main([*mbr, *extra, "--beam", "8"]) == 2
+        captured = capsys.readouterr()
+        search = "sampling" if extra[1:] == ["sampling"] else "mbr"
+        assert captured.out == "" and captured.err == (
+            f"error: --beam only applies with --search beam, not {search} (MBR's candidates "
+            "with --mbr-candidates beam are the n-best of a beam of --mbr-size)\n"
+        )
 
 
 def test_translate_command_names_the_bad_line(run, monkeypatch, capsys):
