@@ -671,13 +671,14 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
         report: dict = {}
         if len(systems) == 1:
             hyps = systems[0][1]
+            # the warning about pieces names the file (a --hyp, or where the translations go)
+            name = systems[0][0]
+            names = (name if args.hyp else args.output or f"the translations of {name}", ref_name)
             if metrics is None:
-                scores = evaluation.score(
-                    hyps, refs, names=("hypotheses", ref_name), lowercase=args.lowercase
-                )
+                scores = evaluation.score(hyps, refs, names=names, lowercase=args.lowercase)
             else:
                 scores = evaluation.score_metrics(
-                    hyps, refs, sacre, names=("hypotheses", ref_name), lowercase=args.lowercase
+                    hyps, refs, sacre, names=names, lowercase=args.lowercase
                 )
             report = _single_json(systems[0][0], scores)
         elif metrics is None or sacre:

@@ -5,6 +5,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import sacrebleu
 from test_translation import DECODE
 
 from seq2seq import cli, evaluation
@@ -80,6 +81,30 @@ def test_evaluate_refuses_references_in_pieces_unless_allowed(echo_run, capsys):
     captured = capsys.readouterr()
     assert f"{tmp / 'ref'}: 2 of 3 lines contain SentencePiece pieces" in captured.err
     assert "BLEU = " in captured.out
+
+
+def test_evaluate_names_the_hypothesis_file_in_pieces(echo_run, capsys):
+    """Hypotheses in pieces are scored with a warning that names their file and first such
+    line, as the reference check does (before: "hypotheses: ..."); decoded ones name the
+    --output file they are written to, else the run."""
+    tmp, _ = echo_run
+    hyp, ref, src = tmp / "hyp_pieces.es", tmp / "ref.es", tmp / "src"
+    for path, lines in ((hyp, PIECES), (ref, TEXT), (src, PIECES)):
+        path.write_text("".join(t + "\n" for t in lines), encoding="utf-8")
+    warning = (
+        ": 2 of 3 lines contain SentencePiece pieces ('▁', first on line 1); BLEU and chrF are "
+        "meant for detokenized text (decode the pieces, e.g. with spm_decode)\n"
+    )
+    bleu = sacrebleu.BLEU().corpus_score(PIECES, [TEXT]).score
+    for argv, name in (
+        (["--hyp", str(hyp)], str(hyp)),
+        (["--workdir", "RUN", "--src", str(src), "--output", str(tmp / "out")], str(tmp / "out")),
+        (["--workdir", "RUN", "--src", str(src)], "the translations of RUN"),
+    ):
+        assert cli.evaluate_main([*argv, "--ref", str(ref)]) == 0
+        captured = capsys.readouterr()
+        assert f"WARNING seq2seq.evaluation: {name}{warning}" in captured.err
+        assert captured.out.startswith(f"BLEU = {bleu:.2f} ")
 
 
 def test_scoring_api_warns_about_pieces_on_either_side(caplog):
