@@ -16,6 +16,11 @@ Caveats, measured with jax 0.10.2 / libtpu 0.0.42.1:
   those of one micro-batch (``jax.lax.scan``) plus the update: ``flops_per_step`` multiplies
   them by ``train.grad_accum_steps`` (the update, a few per cent, counted that many times);
   a decode's figures are its encoder plus one decoding step.
+* A program compiled for a GPU target has no cost analysis (jaxlib 0.10.2): its FLOPs and
+  bytes are XLA's analysis of the whole program before partitioning and optimisation,
+  divided by the devices (``_unpartitioned_cost``).
+  The GPU compiler does not refuse a program that exceeds the device's memory (the peak is
+  compared here), runs no autotuning, and builds no cuDNN graph without a device.
 * Collectives are counted in the HLO text; one inside a loop body counts once per
   micro-batch in the train step (``in_loop``), once in the decode.
 * The peak is argument + output − aliased (donated) + temporary bytes; libtpu refuses to
@@ -176,8 +181,13 @@ def compile_only_devices(t: Target) -> tuple[Any, ...]:
       RuntimeError: the platform's compiler is not installed (libtpu for TPU targets,
         ``jax[cuda12]`` for GPU ones), with what to install.
     """
+    import os
+
     from jax.experimental import topologies
 
+    # libtpu lets one process at a time load it (/tmp/libtpu_lockfile) unless told otherwise;
+    # compiling touches no chip, so several plans (or test workers) may load it at once
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         if t.platform == "tpu":
             topo = topologies.get_topology_desc(
@@ -191,7 +201,7 @@ def compile_only_devices(t: Target) -> tuple[Any, ...]:
         else:
             spec = (SPECS / GPU_SPECS[t.device]).read_text(encoding="utf-8")
             topo = topologies.get_topology_desc(
-                platform="cuda", topology_name=t.topology, target_config=spec
+                platform="cuda", topology=t.topology, target_config=spec
             )
     except (RuntimeError, ValueError, NotImplementedError) as e:
         need = (
@@ -323,10 +333,27 @@ class Compiled:
     attention: str = ""
     compile_seconds: float = 0.0
     error: str = ""
+    cost_source: str = "compiled"  # or "unpartitioned": see _unpartitioned_cost
 
 
-def compile_lowered(lowered: Any, config: Config) -> Compiled:
-    """Compile ``lowered`` and read its figures (a memory refusal becomes ``error``)."""
+def _unpartitioned_cost(lowered: Any, devices: int) -> dict[str, float]:
+    """XLA's cost analysis of the whole program before partitioning (the CPU backend's, a
+    JAX-internal call), its FLOPs and bytes ÷ ``devices``; {} where it is not available."""
+    try:
+        from jax._src import xla_bridge
+        from jax._src.lib import _jax
+
+        cost = _jax.hlo_module_cost_analysis(
+            xla_bridge.get_backend("cpu"), lowered.compiler_ir("hlo").get_hlo_module()
+        )
+    except Exception:  # a JAX without that call: no figures rather than no plan
+        return {}
+    return {k: cost.get(k, 0.0) / devices for k in ("flops", "bytes accessed")}
+
+
+def compile_lowered(lowered: Any, config: Config, devices: int = 1) -> Compiled:
+    """Compile ``lowered`` (for ``devices`` devices) and read its figures (a memory refusal
+    becomes ``error``)."""
     import time
 
     t0 = time.perf_counter()
@@ -343,6 +370,8 @@ def compile_lowered(lowered: Any, config: Config) -> Compiled:
     seconds = time.perf_counter() - t0
     mem = exe.memory_analysis()
     cost = exe.cost_analysis()
+    source = "compiled" if cost else "unpartitioned"
+    cost = cost or _unpartitioned_cost(lowered, devices)
     cost = cost[0] if isinstance(cost, list) else (cost or {})
     hlo = exe.as_text()
     c = Compiled(
@@ -356,6 +385,7 @@ def compile_lowered(lowered: Any, config: Config) -> Compiled:
         collectives=collectives(hlo),
         attention=attention_kernel(config, hlo),
         compile_seconds=seconds,
+        cost_source=source,
     )
     c.peak = c.argument + c.output - c.alias + c.temp
     return c
@@ -373,7 +403,9 @@ def roofline_seconds(c: Compiled, d: Device, loop_trips: int = 1) -> float:
         moved = per * (x["count"] - x["in_loop"] + x["in_loop"] * loop_trips)
         link += moved * (2 if x["kind"] == "all-reduce" else 1)
     compute = c.xla_flops * loop_trips / d.flops
-    memory = c.bytes_accessed * loop_trips / d.memory_bandwidth
+    # bytes before fusion overstate the traffic: left out, so the bound stays a lower bound
+    exact = c.cost_source == "compiled"
+    memory = c.bytes_accessed * loop_trips / d.memory_bandwidth if exact else 0.0
     return max(compute, memory) + link / d.link_bandwidth
 
 
@@ -515,7 +547,8 @@ def plan(
         programs.append(lowered)
     # two compiles at once: XLA compiles outside the GIL, and the step's dominates
     with ThreadPoolExecutor(len(programs)) as pool:
-        train, *dec = pool.map(lambda low: compile_lowered(low, config), programs)
+        n = len(devices)
+        train, *dec = pool.map(lambda low: compile_lowered(low, config, n), programs)
     analytic = train_flops_per_step(config.model, accum * rows, length, length)
     sizes = tuple(int(partitioner.mesh.shape[a]) for a in MESH_AXES)
     return Plan(t, sizes, accum, rows, length, train, dec[0] if dec else None, shape, analytic)  # type: ignore[arg-type]
@@ -643,7 +676,12 @@ def format_plan(p: Plan, config: Config) -> str:
             f"  peak {_gb(c.peak)} of {_gb(usable)} usable ({_gb(d.memory)} × {d.usable:g}): "
             + (f"fits, {_gb(usable - c.peak)} headroom" if c.peak <= usable else "does NOT fit"),
             f"  XLA: {c.xla_flops / 1e9:.2f} GFLOP, {c.bytes_accessed / 1e9:.2f} GB accessed "
-            f"(a loop body counted once); compiled in {c.compile_seconds:.0f} s",
+            + (
+                "(a loop body counted once)"
+                if c.cost_source == "compiled"
+                else "(the program before partitioning and fusion, ÷ devices)"
+            )
+            + f"; compiled in {c.compile_seconds:.0f} s",
             "  collectives: "
             + (
                 ", ".join(
