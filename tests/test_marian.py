@@ -66,7 +66,8 @@ def make_marian(
     """A random ``MarianMTModel`` saved with ``save_pretrained`` beside ``source.spm``,
     ``target.spm`` (one model trained on both sides, or one per side) and a ``vocab.json``
     numbering the union of their pieces as Marian does (``</s>`` 0, ``<unk>`` 1, ``<pad>``
-    last). The weights are scaled up from Hugging Face's init (std 0.02) and the logits bias
+    last), the other pieces in a shuffled order (so that no map id is SentencePiece's by
+    chance). The weights are scaled up from Hugging Face's init (std 0.02) and the logits bias
     favours EOS, so that greedy and beam search end at different lengths."""
     directory.mkdir(parents=True)
     src, tgt = [p[0] for p in PAIRS], [p[1] for p in PAIRS]
@@ -74,12 +75,14 @@ def make_marian(
         models = [_spm(src + tgt, 300)] * 2
     else:
         models = [_spm(src, 200), _spm(tgt, 250)]
-    pieces: dict[str, int] = {"</s>": 0, "<unk>": 1}
+    ordinary: dict[str, None] = {}  # in order, without repeats
     for blob in models:
         sp = spm.SentencePieceProcessor()
         sp.LoadFromSerializedProto(blob)
-        for i in range(sp.get_piece_size()):
-            pieces.setdefault(sp.id_to_piece(i), len(pieces))
+        ordinary.update(dict.fromkeys(sp.id_to_piece(i) for i in range(2, sp.get_piece_size())))
+    order = list(ordinary)
+    np.random.default_rng(seed).shuffle(order)
+    pieces = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(order)}}
     pieces["<pad>"] = len(pieces)
     (directory / "source.spm").write_bytes(models[0])
     (directory / "target.spm").write_bytes(models[1])
@@ -327,6 +330,113 @@ def _hf_logprobs(hf, hf_tok, sources, targets) -> list[float]:
         logp = torch.log_softmax(logits.double(), -1)[0]
         out.append(float(logp.gather(-1, labels[0][:, None]).sum()))
     return out
+
+
+def _hf_loss(source: Path, split: str, label_smoothing: float) -> tuple[float, float]:
+    """PyTorch's per-token (NLL, label-smoothed loss) of the model in ``source`` on the pairs
+    ``{split}.en`` → ``{split}.es``, tokenized by ``MarianTokenizer`` (EOS included, padding
+    ignored), in float64."""
+    from seq2seq.data.sources import read_lines
+
+    hf, hf_tok = _hf(source)
+    sources, targets = read_lines(f"{split}.en"), read_lines(f"{split}.es")
+    enc = hf_tok(sources, text_target=targets, padding=True, return_tensors="pt")
+    labels = enc.pop("labels")
+    labels[labels == hf.config.pad_token_id] = -100
+    with torch.no_grad():
+        logits = hf(**enc, labels=labels).logits.double().flatten(0, 1)
+    loss = torch.nn.functional.cross_entropy
+    return tuple(  # type: ignore[return-value]
+        float(loss(logits, labels.flatten(), ignore_index=-100, label_smoothing=eps))
+        for eps in (0.0, label_smoothing)
+    )
+
+
+def _finetune_overrides(imported: Path, workdir: Path, corpus: dict[str, str]) -> list[str]:
+    """A fine-tune of ``imported`` (``train.init_from``) on ``corpus``, every pair kept."""
+    return [
+        f"workdir={workdir}",
+        f"train.init_from={imported}",
+        f"data.train.path={corpus['train']}",
+        f"data.dev.path={corpus['dev']}",
+        f"data.test.path={corpus['test']}",
+        "data.max_len=64",
+        "data.max_tokens=512",
+        "data.max_length_ratio=100",
+    ]
+
+
+def test_the_training_pipeline_gives_pytorchs_loss(tmp_path):
+    """The imported model's teacher-forced loss over an epoch of the fine-tune's training
+    batches (the token store's ids, packed as the loop gets them, the loop's loss function)
+    is PyTorch's on the same sentences tokenized by ``MarianTokenizer`` (1e-4): the
+    pipeline numbers pieces through the (shuffled) vocabulary map, ``</s>`` included."""
+    import jax
+    from tiny_run import write_corpus
+
+    from seq2seq.config import load_config
+    from seq2seq.run import prepare_run
+    from seq2seq.trained import load_trained
+    from seq2seq.training.batches import train_batch
+    from seq2seq.training.step import make_eval_step
+
+    source = make_marian(tmp_path / "hf", d_model=16, layers=(1, 1), heads=2, ffn=32, seed=5)
+    imported = _import(source, tmp_path / "run")
+    corpus = write_corpus(tmp_path / "corpus", train=24, dev=4, test=2)
+    overrides = _finetune_overrides(imported, tmp_path / "finetune", corpus)
+    config, data, _ = prepare_run(load_config(imported / "config.yaml", overrides))
+    assert data.stats["train_pairs"] == 24
+    _, _, graphdef, params = load_trained(imported)
+    smoothing = config.train.label_smoothing
+    assert smoothing > 0
+    step = jax.jit(
+        make_eval_step(graphdef, bos_id=data.tokenizer.bos_id, label_smoothing=smoothing)
+    )
+    totals = {"loss": 0.0, "nll": 0.0, "tokens": 0.0}
+    for k in range(data.train.batches_in_epoch(0)):  # every training pair once
+        batch = train_batch(data.train, k, 1)
+        metrics = step(params, {key: value[0] for key, value in batch.items()})
+        for key in totals:
+            totals[key] += float(metrics[key])
+    nll, loss = _hf_loss(source, corpus["train"], smoothing)
+    assert nll > 1.0  # not a trivially small loss
+    n = totals["tokens"]
+    np.testing.assert_allclose(
+        [totals["nll"] / n, totals["loss"] / n], [nll, loss], atol=1e-4, rtol=0
+    )
+
+
+@pytest.mark.slow
+def test_fine_tuning_an_imported_run_lowers_its_dev_loss(tmp_path):
+    """``seq2seq-train --config <imported>/config.yaml train.init_from=<imported>`` for 20
+    steps: its first dev evaluation (after one step at 1/20 of the peak rate) is PyTorch's dev
+    loss of the imported model (so the run scores the pieces as Marian numbers them), and the
+    dev loss after 20 steps is lower, as ``metrics.jsonl`` records them."""
+    from tiny_run import cli_env, run, train_command, write_corpus
+
+    from seq2seq.training.metrics import read_metrics
+
+    source = make_marian(tmp_path / "hf", d_model=16, layers=(1, 1), heads=2, ffn=32, seed=5)
+    imported = _import(source, tmp_path / "run")
+    corpus = write_corpus(tmp_path / "corpus", train=200, dev=16, test=2)
+    finetune = tmp_path / "finetune"
+    overrides = [
+        *_finetune_overrides(imported, finetune, corpus),
+        "train.steps=20",
+        "train.warmup_steps=20",
+        "train.eval_every=1",
+        "train.log_every=10",
+        "train.dev_bleu=false",
+        "train.best_metric=loss",
+        "decode.test_limit=1",
+    ]
+    proc = run(train_command(["--config", str(imported / "config.yaml"), *overrides]), cli_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dev = {r["step"]: r["nll"] for r in read_metrics(finetune) if r["split"] == "dev"}
+    assert sorted(dev) == list(range(1, 21))
+    before, _ = _hf_loss(source, corpus["dev"], 0.0)
+    assert abs(dev[1] - before) < 0.02
+    assert dev[20] < before - 0.5
 
 
 @pytest.mark.slow

@@ -212,3 +212,54 @@ def test_worker_processes_give_the_ids_of_one_process(tmp_path, tok, monkeypatch
     assert flat.tolist() == [i for x in want for i in x]
     ids = write_store(tmp_path, "train.source", "k" * 32, iter(blocks), tok.vocab_size)
     assert_same_ids(ids, [np.array(x, np.int32) for x in want])
+
+
+def test_the_store_numbers_pieces_through_a_vocabulary_map(tmp_path, monkeypatch):
+    """With a Marian ``vocab.json`` (``</s>`` 0, ``<unk>`` 1, the other pieces shuffled, a
+    ``>>es<<`` code, a piece SentencePiece does not know), the store, in this process and in
+    worker processes, holds ``Tokenizer.encode``'s ids, and both equal the map's numbering
+    of SentencePiece's pieces (as Hugging Face's ``MarianTokenizer`` numbers them)."""
+    import io
+    import random
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXTS),
+        model_writer=model,
+        vocab_size=50,
+        unk_id=0,
+        eos_id=1,
+        bos_id=-1,
+        pad_id=-1,
+        minloglevel=2,
+        num_threads=1,
+    )
+    (tmp_path / "source.spm").write_bytes(model.getvalue())
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    pieces = [sp.id_to_piece(i) for i in range(2, sp.get_piece_size())] + [">>es<<", "ø"]
+    random.Random(0).shuffle(pieces)
+    mapping = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
+    mapping["<pad>"] = len(mapping)
+    (tmp_path / "vocab.json").write_text(json.dumps(mapping), encoding="utf-8")
+    tok = Tokenizer(tmp_path / "source.spm", tmp_path / "vocab.json")
+    assert (tok.eos_id, tok.unk_id) == (0, 1)
+    texts = [*TEXTS[:30], ">>es<< sentence 3 about dogs.", "ø and ☃ birds.", "", ">>xx<< cats"]
+
+    def reference(text: str) -> list[int]:
+        code = [mapping[">>es<<"]] if text.startswith(">>es<< ") else []
+        body = text.removeprefix(">>es<< ")
+        return code + [mapping.get(p, 1) for p in sp.encode(body, out_type=str)] + [0]
+
+    want = [np.array(reference(t), np.int32) for t in texts]
+    assert sum(int(np.sum(w[:-1] == 1)) for w in want) >= 2  # unknown pieces are in the test
+    assert any(mapping["ø"] in w for w in want)  # SentencePiece's unknown, the map's piece
+    assert_same_ids(tok.encode(texts), want)
+    assert_same_ids(encode_cached(tok, texts, None, "train.source")[0], want)
+    assert_same_ids(encode_cached(tok, texts, tmp_path / "tokens", "train.source")[0], want)
+    monkeypatch.setattr(token_cache, "BLOCK", 7)
+    blocks = list(token_cache.encode_blocks(tok, texts, workers=2))
+    assert len(blocks) == 5
+    ids = write_store(tmp_path / "workers", "train.source", "k" * 32, iter(blocks), tok.vocab_size)
+    assert_same_ids(ids, want)

@@ -18,16 +18,17 @@ same name are then removed. A store that cannot be read is tokenized again (with
 never trusted.
 
 Tokenizing streams the text in blocks of ``BLOCK`` sentences and appends each block's ids
-to the file, so neither the text nor the ids are ever all in memory. A text of more than a
-few blocks is encoded by one worker process per core (``encode_blocks``: SentencePiece's own
-threads, ``num_threads=-1``, stop scaling at the Python lists of ids it returns, which a
-worker turns into an array); a short one in this process.
+to the file, so neither the text nor the ids are ever all in memory. Every block is encoded
+by ``Tokenizer.encode_flat`` (the encoding of ``Tokenizer.encode``: a ``vocab_file`` map's
+numbering and EOS included). A text of more than a few blocks is encoded by one worker
+process per core (``encode_blocks``: SentencePiece's own threads, ``num_threads=-1``, stop
+scaling at the Python lists of ids it returns, which a worker turns into an array); a short
+one in this process.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import multiprocessing
@@ -43,6 +44,7 @@ import numpy as np
 
 from seq2seq.data.sources import file_identity
 from seq2seq.data.tokenizer import Tokenizer
+from seq2seq.data.tokenizer import flat_ids as _flatten
 
 log = logging.getLogger(__name__)
 
@@ -353,24 +355,16 @@ def write_store(
     return stored[0]
 
 
-def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """One block's id lists → (int64 ``[n]`` lengths, int32 ``[total]`` concatenation)."""
-    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-    return lengths, np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
+_WORKER_TOKENIZER: Any = None  # a worker process's copy of the tokenizer (``_start_worker``)
 
 
-_WORKER_MODEL: Any = None  # a worker process's SentencePiece model (``_start_worker``)
-
-
-def _start_worker(model_proto: bytes) -> None:
-    global _WORKER_MODEL
-    import sentencepiece as spm
-
-    _WORKER_MODEL = spm.SentencePieceProcessor(model_proto=model_proto)
+def _start_worker(tokenizer: Tokenizer) -> None:
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = tokenizer
 
 
 def _encode_in_worker(block: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    return _flatten(_WORKER_MODEL.encode(block, out_type=int, add_eos=True))
+    return _WORKER_TOKENIZER.encode_flat(block)
 
 
 def worker_count() -> int:
@@ -384,21 +378,21 @@ def worker_count() -> int:
 def encode_blocks(
     tokenizer: Tokenizer, texts: Sequence[str], workers: int | None = None
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``tokenizer``'s ids (EOS appended) of ``texts`` a block of ``BLOCK`` sentences at a
-    time, in order, as ``_flatten`` arrays. With ``workers`` (default: ``worker_count()``)
+    """``tokenizer.encode_flat``'s ids (EOS appended) of ``texts`` a block of ``BLOCK``
+    sentences at a time, in order. With ``workers`` (default: ``worker_count()``)
     above 1 and more than two blocks, the blocks are encoded by that many worker processes
     (spawned: this process may run JAX threads), at most two blocks per worker in flight."""
     workers = worker_count() if workers is None else workers
     if workers < 2 or len(texts) <= 2 * BLOCK:
         for block in _blocks(texts):
-            yield _flatten(tokenizer.sp.encode(block, out_type=int, add_eos=True, num_threads=-1))
+            yield tokenizer.encode_flat(block)
         return
     log.info("tokenizing %d sentences in %d worker processes", len(texts), workers)
     with ProcessPoolExecutor(
         workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_start_worker,
-        initargs=(tokenizer.sp.serialized_model_proto(),),
+        initargs=(tokenizer,),  # pickled: its SentencePiece model and map
     ) as pool:
         pending: deque[Future] = deque()
         for block in _blocks(texts):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import logging
 import os
@@ -79,7 +80,9 @@ class Tokenizer:
     cuts text into pieces and the map numbers them, as Hugging Face's ``MarianTokenizer``
     does: a piece missing from the map is the map's unknown piece, a ``>>xx<<`` language code
     at the start of a text that is in the map is one token, ``<pad>`` is pad and BOS (Marian's
-    decoder start) and ``</s>`` EOS.
+    decoder start) and ``</s>`` EOS. ``encode_flat`` is the one encoding of every path (the
+    token store, in process and in its worker processes, and ``encode``). A Tokenizer pickles
+    (SentencePiece's processor does), so worker processes get the same object.
 
     Args:
       model_file: path of a ``.model`` file.
@@ -106,6 +109,7 @@ class Tokenizer:
         self.piece_ids: dict[str, int] | None = None
         self.pieces: list[str] = []  # model id → piece (with piece_ids only)
         self.vocab_path: Path | None = None
+        self._remap, self._codes = np.zeros(0, np.int32), False  # set with a map
         if vocab_file is not None:
             self._load_map(Path(vocab_file))
             return
@@ -148,7 +152,13 @@ class Tokenizer:
         self.piece_ids, self.pieces, self.vocab_path = mapping, pieces, path
         self.pad_id = self.bos_id = mapping["<pad>"]
         self.eos_id, self.unk_id = mapping["</s>"], mapping[unk]
-        self.sha256 = hashlib.sha256(self.sha256.encode() + raw).hexdigest()
+        # SentencePiece id → map id (``encode_flat``); its unknown id is resolved by piece
+        own = [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())]
+        self._remap = np.array([mapping.get(p, self.unk_id) for p in own], np.int32)
+        self._codes = any(_LANGUAGE_CODE.fullmatch(p) for p in mapping)
+        # "ids v2": token stores written before the store numbered pieces through the map
+        # (2026-12-06) held SentencePiece's ids; a new hash keeps them from being read
+        self.sha256 = hashlib.sha256(self.sha256.encode() + raw + b"ids v2").hexdigest()
 
     @property
     def vocab_size(self) -> int:
@@ -166,28 +176,49 @@ class Tokenizer:
         return self.sp.piece_to_id(piece)
 
     def encode(self, texts: Sequence[str], *, add_eos: bool = True) -> list[np.ndarray]:
-        """Token ids of each text: int32 arrays ``[len_i]``, ending with EOS when ``add_eos``."""
+        """Token ids of each text: int32 arrays ``[len_i]``, ending with EOS when ``add_eos``
+        (views of one ``encode_flat`` array)."""
+        lengths, flat = self.encode_flat(texts, add_eos=add_eos)
+        return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+    def encode_flat(
+        self, texts: Sequence[str], *, add_eos: bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids of ``texts`` as (int64 ``[n]`` lengths, int32 ``[total]`` concatenation),
+        each text's ids ending with EOS when ``add_eos``: the encoding of every path.
+
+        With a map, SentencePiece's ids are renumbered through a lookup array; a text holding
+        SentencePiece's unknown id is numbered from its pieces, as ``MarianTokenizer`` does
+        (the map may number a piece this model does not know, e.g. one of the other side's
+        model); a ``>>xx<<`` code of the map at its start is one id before the rest.
+        """
+        texts = list(texts)
         if self.piece_ids is None:
             # num_threads=-1: all cores (SentencePiece's wrapper runs 0 as a single thread)
-            ids = self.sp.encode(list(texts), out_type=int, add_eos=add_eos, num_threads=-1)
-            return [np.asarray(x, dtype=np.int32) for x in ids]
-        codes, bodies = [], []
-        for text in texts:
-            code = _LANGUAGE_CODE.match(text)
-            if code and code.group(1) in self.piece_ids:
-                codes.append([self.piece_ids[code.group(1)]])
-                bodies.append(text[code.end() :])
-            else:
-                codes.append([])
-                bodies.append(text)
-        eos = [self.eos_id] if add_eos else []
-        get, unk = self.piece_ids.get, self.unk_id
-        return [
-            np.asarray(code + [get(p, unk) for p in pieces] + eos, dtype=np.int32)
-            for code, pieces in zip(
-                codes, self.sp.encode(bodies, out_type=str, num_threads=-1), strict=True
-            )
-        ]
+            return flat_ids(self.sp.encode(texts, out_type=int, add_eos=add_eos, num_threads=-1))
+        codes = np.full(len(texts), -1, np.int64)
+        if self._codes:
+            for i, text in enumerate(texts):
+                code = _LANGUAGE_CODE.match(text)
+                if code and code.group(1) in self.piece_ids:
+                    codes[i], texts[i] = self.piece_ids[code.group(1)], text[code.end() :]
+        lengths, flat = flat_ids(self.sp.encode(texts, out_type=int, num_threads=-1))
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        body = self._remap[flat]  # a copy
+        unknown = np.flatnonzero(flat == self.sp.unk_id())
+        for i in np.unique(np.searchsorted(ends, unknown, "right")):
+            pieces = self.sp.encode(texts[i], out_type=str)
+            body[starts[i] : ends[i]] = [self.piece_ids.get(p, self.unk_id) for p in pieces]
+        coded = codes >= 0
+        out_lengths = lengths + coded + add_eos
+        out_starts = np.cumsum(out_lengths) - out_lengths
+        out = np.empty(int(out_lengths.sum()), np.int32)
+        out[np.arange(len(body)) + np.repeat(out_starts + coded - starts, lengths)] = body
+        out[out_starts[coded]] = codes[coded]
+        if add_eos:
+            out[out_starts + out_lengths - 1] = self.eos_id
+        return out_lengths, out
 
     def decode(self, ids: Iterable[Sequence[int]]) -> list[str]:
         """Detokenized text of each id sequence; stops at the first EOS, drops pad/BOS."""
@@ -199,9 +230,17 @@ class Tokenizer:
             kept = [t for t in seq if t not in (self.pad_id, self.bos_id)]
             if self.piece_ids is None:
                 out.append(self.sp.decode(kept))
-            else:
-                out.append(self.sp.decode_pieces([self.pieces[t] for t in kept]))
+            else:  # as MarianTokenizer: a piece this model lacks (the other side's) is copied,
+                # its "▁" a space
+                text = self.sp.decode_pieces([self.pieces[t] for t in kept])
+                out.append(text.replace("\u2581", " ").strip())
         return out
+
+
+def flat_ids(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists → (int64 ``[n]`` lengths, int32 ``[total]`` concatenation)."""
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    return lengths, np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
 
 
 class TokenizerPair:
