@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Translation quality at the same training time: our config against a same-size Hugging Face
-MarianMT (PyTorch) trained with a plain recipe and with a tuned one, on three proxy corpora,
-several seeds, held-out test sets and paired significance tests (issues 21 and 35).
+"""Translation quality at the same training time (issues 21, 35 and 50): our config, pre-norm
+and post-norm, against two same-size PyTorch peers of the same norm placement, each trained
+with the plain recipe and at its best on dev, on held-out test sets, two seeds, paired tests.
 
 Run as ``scripts/compare.py --quality`` (same optional extra ``compare``).
 
@@ -13,7 +13,8 @@ a Spanish sentence (lowercased, whitespace folded) form a group (union-find); gr
 sentence``; whole groups go to ``full``'s test, then ``small``'s, then ``long``'s until each
 holds at least ``--test-pairs`` (2,000) pairs (``carve_heldout``). Every pair of every held-out
 group leaves the training data of every proxy, so no proxy trains on a test sentence of any
-proxy, on either side. The shipped dev split is where choices may be made. Proxies:
+proxy, on either side. The shipped dev split is where choices are made. Proxies
+(``--proxies``, default ``full,small``):
 
 * ``full``: train = the shipped train minus the held-out groups; dev = the shipped dev;
   test = held-out set A;
@@ -22,59 +23,57 @@ proxy, on either side. The shipped dev split is where choices may be made. Proxi
 * ``long``: ``full``'s train, the shipped dev and held-out set C, each with 2–4 consecutive
   pairs joined into one (``join_consecutive``, seeds 0, 1, 2: about 20–30 words per side).
 
-Systems, each trained once per proxy and seed (``--seeds``, default 1,2):
+Systems (``--systems``), per proxy and seed (``--seeds``, default 1,2):
 
-1. ``ours``: ``python -m seq2seq train --config CONFIG`` with the data paths, ``--set``
-   overrides, ``train.seed=S`` and (with ``--budget``) ``train.time_budget=B``; its
-   ``test.hyp`` holds the test translations (if it lacks lines, ``python -m seq2seq
-   translate`` of the checkpoint the run's test score used writes them).
-2. ``peer``: MarianMT of the run's sizes on the run's SentencePiece pieces, the plain recipe
-   (``RECIPE``, unchanged since issue 21): Adam (0.9, 0.98, eps 1e-9), peak learning rate 1e-3
-   after 400 linear warmup steps, then inverse square root; label smoothing 0.1, dropout 0.1,
-   gradient norm clipped at 1, batches of at most 2,000 padded tokens; beam 4 with HF's default
-   length penalty and a limit of ``1.2 · source + 5`` tokens per batch.
-3. ``peer-tuned``: the same model, optimizer, smoothing, clipping and batches, with
-   * ours' schedule: linear warmup, then a linear decay to zero at the run's end
-     (``tuned_rate``, ours' ``train.schedule=linear`` formula). The end is fixed as ours'
-     ``train.time_budget`` fixes it: after the warmup, the step count that fills the rest of
-     the budget at the measured speed (``seq2seq.data.recipe.steps_for_time_budget``);
-     training stops there or when the time is up. The warmup is ours' share of the steps
-     (ours' resolved ``train.warmup_steps / train.steps`` in its ``config.yaml``: 1/5 from the
-     recipe) of the peer's projected steps; the projection times ``PROBE_STEPS`` forward and
-     backward passes without an update first (their seconds count in the peer's time);
-   * ours' resolved ``model.dropout_rate`` (the recipe's: 0.1 on full, 0.3 on small);
-   * ours' decoding: beam 4, the unknown piece banned (unless ``decode.allow_unk``) and PAD and
-     BOS too, at most ``ceil(max_len_a · |x| + max_len_b)`` tokens with EOS (|x|: source tokens
-     with EOS; sentences decoded in groups of one limit; only EOS allowed at the limit),
-     ``early_stopping="never"``, HF ``length_penalty`` = our ``decode.alpha``. HF divides the
-     log-probability by |Y|^α (our ``plain`` form); the preset uses GNMT's ((5+|Y|)/6)^α,
-     which HF lacks, so the penalty's form differs (the JSON says so);
-   * the peak learning rate picked on dev from ``--peer-lrs`` (2.5e-4, 5e-4, 1e-3; post-norm
-     MarianMT behind a warmup of a fifth of ~500 steps fails at 1e-3 and 2e-3, the grid of
-     the first run, 2026-12-04, dev BLEU 1.4 and 0.4): for the first seed
-     a run per rate, each decoding the proxy's dev split (not counted in its seconds); the
-     highest dev BLEU wins, and its run is that seed's result; the other seeds train at the
-     picked rate only.
+1. ``ours-pre`` / ``ours-post``: ``python -m seq2seq train --config CONFIG`` with the data
+   paths, ``model.matmul_dtype=float32`` (the peers compute in float32), the ``--set``
+   overrides, ``model.norm=pre`` / ``post``, ``train.seed=S`` and (with ``--budget``)
+   ``train.time_budget=B``; the test translations are its ``test.hyp``, the dev ones
+   ``python -m seq2seq translate`` of the same (last) checkpoint. The record keeps the recipe
+   at the run's real step count (``real_recipe``: ``test.json``'s steps, not ``config.yaml``'s
+   provisional ``train.steps``): the warmup share and what the dropout rule gives there.
+2. ``peer-post`` (MarianMT) beside ``ours-post`` and ``peer-pre``
+   (``torch.nn.Transformer(norm_first=True)``) beside ``ours-pre``: our run's sizes, its
+   SentencePiece pieces and decoding rules (``scripts/quality_peers.py``), trained at least
+   our run's seconds and ``--peer-seconds`` (default budget × 15/13: 900 s against 780), at
+   the grid's points (``GridPoint``): at the first seed every peak rate × warmup × schedule
+   of ``--peer-lrs`` (5e-4, 1e-3, 2e-3), ``--peer-warmups`` (400 steps, or ``ours``: our
+   run's real warmup share of the peer's projected steps) and ``--peer-schedules`` (``rsqrt``,
+   or ``linear`` decay to zero at the end the time fixes), at the first ``--peer-dropouts``
+   (0.1), then the pick's point with each other dropout (``ours``: our run's resolved rate,
+   when it differs). The grid must hold the plain recipe's point (1e-3, 400, rsqrt, 0.1).
+   Each candidate decodes dev and test; the best dev BLEU is the peer's pick ("best"), and
+   its first-seed run is that seed's result; the other seeds train the plain point and the
+   pick.
+
+``--dev-check KEY=VALUE`` (repeatable) trains only ours (pre-norm) with those overrides for the
+proxies and seeds given and records its dev scores (not its test scores): how a recipe constant
+(e.g. ``model.dropout_rate``) is checked on dev against ours' record of the same seed.
 
 Budget: ours trains for ``--budget`` seconds (default: the config's ``train.time_budget``,
-780 s for the preset); each peer for ours' measured ``train_seconds`` of the same proxy and
-seed, and never less than ``--peer-seconds`` (default budget × 15/13: 900 s against 780).
+780 s for the preset).
 
-Significance: per proxy and seed, ``seq2seq.evaluation.compare`` (sacreBLEU's paired bootstrap
-resampling, 1,000 resamples, which also gives the 95% CIs, and approximate randomization,
-10,000 trials; seed 12345; ours the baseline) on BLEU and chrF of the detokenised test split.
-The table gives per proxy and system the mean of the seeds and the spread as half the range,
-(max − min) / 2.
+Records (``scripts/quality_records.py``): every finished training writes one JSON record under
+``--records`` (``docs/data/quality/``) with its test translations and, for ours, its
+SentencePiece model; a rerun under the same settings skips it, so the comparison resumes across
+sessions and machines from the committed records (the run directories under ``--out`` are
+not needed again). The plan (the trainings, how many are recorded, the hours left) is printed
+first. ``--from-records`` trains nothing.
 
-Every finished (proxy, system, seed[, rate]) lands in ``--out`` (``runs/quality``) as JSON with
-its ``.hyp`` file; a rerun with the same ``--out`` skips it (an interrupted comparison resumes;
-``--out`` remembers its settings and refuses others). The table goes to stdout, ``--json`` and
-``--docs`` (between the ``compare.py quality`` markers). The smoke test's ``--limit-lines N``
-cuts every split (the test sets too) to N lines after the carving and allows a single seed.
+Table: generated from the records alone (``quality_records.build`` / ``markdown``): per proxy
+and seed, ours pre-norm, ours post-norm, each peer's plain point and dev pick with their
+settings, steps, seconds, dev BLEU, test BLEU with its 95% CI, chrF, and the paired tests'
+p-values (``seq2seq.evaluation.compare``: sacreBLEU's paired bootstrap resampling, 1,000
+resamples, and approximate randomization, 10,000 trials, seed 12345) against ours of the same
+norm placement (ours post-norm against ours pre-norm); then the grid's dev scores as an
+appendix. It goes to stdout, ``--json`` and ``--docs`` (between the ``compare.py quality``
+markers). The smoke test's ``--limit-lines N`` cuts every split (the test sets too) to N lines
+after the carving and allows a single seed.
 
-Run time: per proxy ``seeds × 3 + (rates − 1)`` trainings (8 by default) of about the budget
-each (peers at least 900 s) plus the test decodes: about 2 hours per proxy, 6 hours for the
-three, on 2 cores. Not run in CI.
+Run time: printed by the plan. With the defaults (2 proxies, 2 seeds, a grid of 12 points and
+at most one more dropout) at most 2 × (4 runs of ours + 2 × (13 + 2) peer runs) = 68 trainings
+of 13–15 minutes plus decoding: about 19.6 hours of a quiet 2-core machine, in as many
+sessions as it takes. Not run in CI.
 """
 
 from __future__ import annotations
@@ -83,7 +82,6 @@ import argparse
 import gzip
 import hashlib
 import json
-import math
 import os
 import random
 import subprocess
@@ -93,35 +91,46 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from quality_peers import (
+    ARCHS,
+    PLAIN,
+    SCHEDULES,
+    GridPoint,
+    PeerSetup,
+    grid_points,
+    train_peer,
+)
+from quality_records import (
+    PEER_OF,
+    SYSTEMS,
+    RecordError,
+    build,
+    dev_pick,
+    lines_sha256,
+    load_records,
+    load_tokenizer,
+    markdown,
+    read_record,
+    record_path,
+    save_tokenizer,
+    unit_name,
+    write_record,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 PROXIES = ("full", "small", "long")
 SPLITS = ("train", "dev", "test")
-SYSTEMS = ("ours", "peer", "peer-tuned")
 LANGS = ("en", "es")
 DOCS_BEGIN = "<!-- compare.py quality: begin -->"
 DOCS_END = "<!-- compare.py quality: end -->"
-# The peer's plain recipe (issue 21).
-RECIPE = dict(
-    learning_rate=1e-3,
-    warmup_steps=400,
-    max_tokens=2000,
-    label_smoothing=0.1,
-    dropout=0.1,
-    clip=1.0,
-    beam_size=4,
-    max_len=64,
-)
+FLOAT32 = ["model.matmul_dtype=float32"]  # ours computes as the peers do
 SALT = "quality-heldout"
 MAX_HELDOUT_GROUP = 8  # larger groups (very common short sentences) always stay in train
 TEST_PAIRS = 2_000
 SMALL_PAIRS, SMALL_DEV = 20_000, 500
-PROBE_STEPS = 10  # forward-backward passes that time the tuned peer's step before its warmup
-DEFAULT_WARMUP_SHARE = 0.2  # the recipe's (seq2seq/data/recipe.py), if the run's is unreadable
-LENGTH_PENALTY_NOTE = (
-    "peer-tuned: HF length_penalty = our decode.alpha in HF's form, log P / |Y|^alpha (our "
-    "'plain'); ours with decode.length_penalty=gnmt divides by ((5 + |Y|) / 6)^alpha, which HF "
-    "lacks"
-)
+# the plan's estimates beyond the training seconds: ours' start, compilation and two decodes;
+# a peer's dev and test decodes (beam 4 without a cache)
+OURS_OVERHEAD_SECONDS, PEER_OVERHEAD_SECONDS = 150, 150
 
 
 class UsageError(Exception):
@@ -368,568 +377,355 @@ def ours_hypotheses(workdir: Path, test_source: Path, test_step: int) -> list[st
     written = workdir / "test.hyp"
     if written.exists() and len(read_lines(written)) == sources:
         return read_lines(written)
-    output = workdir / "test.translated.hyp"
+    return ours_translate(workdir, test_step, test_source, workdir / "test.translated.hyp")
+
+
+def ours_translate(workdir: Path, step: int, source: Path, output: Path) -> list[str]:
+    """``python -m seq2seq translate`` of our run's checkpoint ``step`` on ``source`` (the
+    run's decoding settings) into ``output``; returns its lines.
+
+    Raises:
+      RuntimeError: the translation failed.
+    """
     args = [sys.executable, "-m", "seq2seq", "translate", "--workdir", str(workdir)]
-    args += ["--step", str(test_step), "--input", str(test_source), "--output", str(output)]
+    args += ["--step", str(step), "--input", str(source), "--output", str(output)]
     run_command(args, "seq2seq-translate")
     return read_lines(output)
 
 
-# -- the peers -------------------------------------------------------------------------------------
+def target_words(path: Path) -> int:
+    """Whitespace-split words of ``path``: what the recipe's dropout rule counts."""
+    return sum(len(s.split()) for s in read_lines(path))
 
 
-def peer_batches(pairs: list[tuple[list[int], list[int]]], max_tokens: int, seed: int | str):
-    """Batches of pair indices, rows of similar length, at most ``max_tokens`` padded tokens of
-    the longer side per batch; the batch order is shuffled with ``seed``."""
-    order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        n = max(len(pairs[i][0]), len(pairs[i][1]))
-        if current and max(longest, n) * (len(current) + 1) > max_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, n)
-    if current:
-        batches.append(current)
-    random.Random(seed).shuffle(batches)
-    return batches
+def real_recipe(workdir: Path, words: int) -> dict[str, Any]:
+    """Our finished run's recipe at its real step count: ``steps`` (``test.json``'s, the count
+    ``train.time_budget`` chose; never ``config.yaml``'s provisional ``train.steps``),
+    ``provisional_steps``, ``warmup_steps``, ``warmup_share`` (of the real steps),
+    ``learning_rate``, ``dropout`` (resolved) and ``dropout_at_real_steps`` (what
+    ``seq2seq.data.recipe.dropout_rate`` gives for the real steps' tokens over ``words``
+    target-side training words).
 
-
-def peer_optimizer(
-    model, learning_rate: float | None = None, multiplier: Callable[[int], float] | None = None
-):
-    """The peer's Adam (betas 0.9/0.98, eps 1e-9) at peak ``learning_rate`` (RECIPE's by
-    default) times ``multiplier(updates made)``; by default RECIPE's linear warmup then
-    1/√step."""
-    import torch
-
-    peak = RECIPE["learning_rate"] if learning_rate is None else learning_rate
-    opt = torch.optim.Adam(model.parameters(), lr=peak, betas=(0.9, 0.98), eps=1e-9)
-    if multiplier is None:
-        warmup = RECIPE["warmup_steps"]
-        multiplier = lambda s: min((s + 1) / warmup, math.sqrt(warmup / (s + 1)))
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, multiplier)
-
-
-def tuned_rate(count: int, peak: float, warmup: int, horizon: int | None) -> float:
-    """peer-tuned's learning rate after ``count`` updates: ours' ``linear`` schedule
-    (``seq2seq.training.step``). With n = count + 1 and W = ``warmup``, T = ``horizon``:
-    peak · min(n / W, (T − n + 1) / (T − W + 1)), the decay clipped to [0, 1] — peak / W at the
-    first update, peak at the W-th, then linearly down to 0 after the T-th. Before the horizon
-    is fixed (None) the rate stays at peak after the warmup."""
-    warmup = max(warmup, 1)
-    n = count + 1
-    if horizon is None:
-        decay = 1.0
-    else:
-        total = max(horizon, warmup)
-        decay = min(max((total - n + 1) / (total - warmup + 1), 0.0), 1.0)
-    return peak * min(n / warmup, decay)
-
-
-def tuned_warmup(share: float, probe_steps: int, probe_seconds: float, seconds: float) -> int:
-    """peer-tuned's warmup: ``share`` of the updates that fill the rest of ``seconds`` at the
-    speed of the ``probe_steps`` timed passes (``probe_seconds``); at least 1."""
-    from seq2seq.data.recipe import steps_for_time_budget
-
-    projected = steps_for_time_budget(probe_steps, probe_seconds, 0, 0.0, seconds) - probe_steps
-    return max(1, round(share * projected))
-
-
-def tuned_horizon(step: int, seconds_now: float, first_seconds: float, seconds: float) -> int:
-    """peer-tuned's end, fixed after its warmup as ours' ``train.time_budget`` fixes it: the
-    update count that fills ``seconds`` at the speed of the ``step`` updates made since
-    ``first_seconds`` (all times from the start of training, in seconds)."""
-    from seq2seq.data.recipe import steps_for_time_budget
-
-    return steps_for_time_budget(step, seconds_now, 0, first_seconds, seconds)
-
-
-def pad_rows(seqs: list[list[int]], pad: int, first: int | None = None):
-    """int64 ``[len(seqs), width]`` of the sequences (``first`` prepended), padded with ``pad``."""
-    import torch
-
-    width = max(len(s) for s in seqs) + (first is not None)
-    out = torch.full((len(seqs), width), pad, dtype=torch.long)
-    for r, s in enumerate(seqs):
-        s = ([first] if first is not None else []) + s
-        out[r, : len(s)] = torch.tensor(s)
-    return out
-
-
-def peer_loss(model, pairs, pad: int, start: int):
-    """The label-smoothed cross-entropy of ``pairs`` (source ids, target ids with EOS) under
-    teacher forcing from ``start``, without padding; returns it (a scalar tensor) and the
-    padded targets (int64 ``[batch, length]``)."""
-    import torch.nn.functional as F
-
-    src = pad_rows([s for s, _ in pairs], pad)
-    tgt = pad_rows([t for _, t in pairs], pad)
-    dec_in = pad_rows([t[:-1] for _, t in pairs], pad, first=start)
-    logits = model(input_ids=src, attention_mask=src != pad, decoder_input_ids=dec_in).logits
-    loss = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]),
-        tgt.reshape(-1),
-        ignore_index=pad,
-        label_smoothing=RECIPE["label_smoothing"],
-    )
-    return loss, tgt
-
-
-def peer_update(model, opt, sched, pairs, pad: int, start: int):
-    """One optimizer step of the peer on ``pairs`` (``peer_loss``), the gradient norm clipped;
-    returns the loss (float) and the padded targets (int64 ``[batch, length]``)."""
-    import torch
-
-    loss, tgt = peer_loss(model, pairs, pad, start)
-    opt.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), RECIPE["clip"])
-    opt.step()
-    sched.step()
-    return loss.item(), tgt
-
-
-def plain_recipe() -> dict[str, Any]:
-    """The plain peer: RECIPE with its inverse-square-root schedule and HF's decoding."""
-    return {**RECIPE, "system": "peer", "schedule": "rsqrt", "decoding": "hf"}
-
-
-def tuned_recipe(run: Path, learning_rate: float) -> dict[str, Any]:
-    """peer-tuned at peak ``learning_rate``: RECIPE with ours' schedule, dropout and decoding
-    read from our run's resolved ``config.yaml`` (see the module docstring)."""
+    Raises:
+      RuntimeError: the run has no ``test.json`` (it did not finish).
+    """
     from seq2seq.config import load_config
+    from seq2seq.data.recipe import dropout_rate
     from seq2seq.workdir import config_path
 
-    cfg = load_config(config_path(run))
-    t, d = cfg.train, cfg.decode
-    share = t.warmup_steps / t.steps if t.steps and t.warmup_steps else DEFAULT_WARMUP_SHARE
+    summary_path = workdir / "test.json"
+    if not summary_path.exists():
+        raise RuntimeError(f"{summary_path}: missing; the run did not finish")
+    cfg = load_config(config_path(workdir))
+    t = cfg.train
+    steps = int(json.loads(summary_path.read_text(encoding="utf-8"))["steps"])
+    tokens = steps * cfg.data.max_tokens * max(t.grad_accum_steps, 1)
     return {
-        **RECIPE,
-        "system": "peer-tuned",
-        "learning_rate": learning_rate,
-        "schedule": "linear",
-        "warmup_steps": None,  # share × the projected updates (tuned_warmup)
-        "warmup_share": share,
-        "dropout": cfg.model.dropout_rate,
-        "decoding": "ours",
-        "beam_size": d.beam_size,
-        "length_penalty": 0.0 if d.length_penalty == "none" else d.alpha,
-        "ours_length_penalty": d.length_penalty,
-        "max_len_a": d.max_len_a,
-        "max_len_b": d.max_len_b,
-        "allow_unk": d.allow_unk,
+        "steps": steps,
+        "provisional_steps": t.steps,
+        "warmup_steps": t.warmup_steps,
+        "warmup_share": t.warmup_steps / max(steps, 1),
+        "learning_rate": t.learning_rate,
+        "dropout": cfg.model.residual_dropout,
+        "dropout_at_real_steps": dropout_rate(tokens, words),
     }
 
 
-def peer_translate(model, sp, sources: list[str], recipe: dict[str, Any]) -> list[str]:
-    """``sources`` translated by the peer with beam search as ``recipe["decoding"]`` says:
-    ``hf`` (the plain peer: HF's defaults, ``1.2 · width + 5`` new tokens per batch) or
-    ``ours`` (sentences in groups of one output limit, see the module docstring)."""
-    import torch
-    import transformers
+# -- the runs, each recorded once ----------------------------------------------------------------
 
-    from seq2seq.config import DecodeConfig
 
-    pad, bos, eos, unk = sp.pad_id(), sp.bos_id(), sp.eos_id(), sp.unk_id()
-    ids = [sp.encode(s)[: RECIPE["max_len"] - 1] + [eos] for s in sources]
-    ours = recipe["decoding"] == "ours"
-    rule = DecodeConfig(
-        max_len_a=recipe.get("max_len_a", 1.2), max_len_b=recipe.get("max_len_b", 5)
+def scores(hyps: list[str], refs: list[str]) -> dict[str, float]:
+    """sacreBLEU BLEU and chrF of ``hyps`` (``seq2seq.evaluation.score``) and the line count."""
+    from seq2seq.evaluation import score
+
+    s = score(hyps, refs)
+    return {"bleu": s.bleu, "chrf": s.chrf, "lines": len(refs)}
+
+
+def commit() -> str:
+    """The repository's HEAD commit ("unknown" outside a git checkout)."""
+    proc = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
     )
-    limit = [rule.output_limit(len(x)) if ours else 0 for x in ids]
-    order = sorted(range(len(ids)), key=lambda i: (limit[i], len(ids[i])))
-    batches: list[list[int]] = []
-    for i in order:  # ≤ 64 sentences of one limit (ours) per batch
-        if batches and len(batches[-1]) < 64 and limit[batches[-1][0]] == limit[i]:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-
-    class OnlyEosAt(transformers.LogitsProcessor):
-        """At the limit's last position only EOS, at the model's log-probability (ours)."""
-
-        def __init__(self, length: int):
-            self.length = length
-
-        def __call__(self, input_ids, scores):
-            if input_ids.shape[-1] != self.length:  # the decoder start + length - 1 tokens
-                return scores
-            kept = torch.full_like(scores, -float("inf"))
-            kept[:, eos] = scores[:, eos]
-            return kept
-
-    banned = sorted({t for t in (pad, bos) + (() if recipe.get("allow_unk") else (unk,))})
-    hyps = [""] * len(ids)
-    with torch.no_grad():
-        for chunk in batches:
-            src = pad_rows([ids[i] for i in chunk], pad)
-            options: dict[str, Any] = {}
-            if ours:
-                options = dict(
-                    max_new_tokens=limit[chunk[0]],
-                    length_penalty=recipe["length_penalty"],
-                    early_stopping="never",
-                    bad_words_ids=[[t] for t in banned if t >= 0],
-                    logits_processor=transformers.LogitsProcessorList([OnlyEosAt(limit[chunk[0]])]),
-                )
-            else:
-                options = dict(max_new_tokens=int(1.2 * src.shape[1] + 5))
-            out = model.generate(
-                input_ids=src,
-                attention_mask=src != pad,
-                num_beams=recipe["beam_size"],
-                decoder_start_token_id=bos,
-                eos_token_id=eos,
-                pad_token_id=pad,
-                **options,
-            )
-            for i, row in zip(chunk, out.tolist()):
-                hyps[i] = sp.decode([t for t in row if t not in (pad, bos, eos)])
-    return hyps
+    return proc.stdout.strip() if proc.returncode == 0 else "unknown"
 
 
-def train_peer(
-    run: Path,
+def record_head(args: argparse.Namespace, proxy: str, unit: str, system: str, seed: int):
+    """The fields every record starts with."""
+    return {
+        "proxy": proxy,
+        "unit": unit,
+        "system": system,
+        "seed": seed,
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": args.machine,
+        "commit": commit(),
+        "settings": args.settings,
+    }
+
+
+def ours_overrides(
+    args: argparse.Namespace, system: str, seed: int, dev_check: Sequence[str] = ()
+) -> list[str]:
+    """Our run's overrides: float32 (as the peers), ``--set``, a dev check's, the norm
+    placement of ``system``, the seed and ``--budget``."""
+    norm = "post" if system == "ours-post" else "pre"
+    return [
+        *FLOAT32,
+        *args.set,
+        *dev_check,
+        f"model.norm={norm}",
+        f"train.seed={seed}",
+        *args.budget_override,
+    ]
+
+
+def run_ours(
+    args: argparse.Namespace,
+    proxy: str,
     data: Path,
-    seconds: float,
-    threads: int,
+    system: str,
     seed: int,
-    recipe: dict[str, Any],
-    dev: bool = False,
+    dev_check: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Train MarianMT of our run's sizes on its SentencePiece pieces for ``seconds`` with
-    ``recipe`` (``plain_recipe`` or ``tuned_recipe``; seed ``seed`` for the weights, dropout
-    and batch order), then translate the test split (and the dev split when ``dev``, not
-    counted in the seconds).
-
-    The plain schedule trains until the step that crosses ``seconds``; the tuned one until
-    its fixed end or that step, whichever comes first.
-
-    Returns:
-      ``train_seconds``, ``steps``, ``warmup_steps``, ``horizon`` (tuned: the fixed end, None
-      if the time was up first), ``target_tokens_seen``, ``decode_seconds``, ``test_hyps``
-      (one per test line), ``dev_hyps`` (with ``dev``), ``examples``.
-    """
-    import sentencepiece as spm
-    import torch
-    import transformers
-    from compare import marian_sizes
-
-    from seq2seq.config import load_config
+    """Our run of ``system`` (``ours-pre`` / ``ours-post``) and ``seed`` on the proxy's corpus
+    ``data``, or its record. A dev check (``dev_check``: extra overrides) records dev scores
+    only."""
+    from seq2seq.config import load_config, to_dict
     from seq2seq.workdir import config_path, tokenizer_path
 
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    m = load_config(config_path(run)).model
-    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path(run)))
-    pad, bos, eos = sp.pad_id(), sp.bos_id(), sp.eos_id()
-    src_lang, tgt_lang = LANGS
-    limit = int(RECIPE["max_len"])
-
-    def encode(lines):
-        return [sp.encode(s)[: limit - 1] + [eos] for s in lines]
-
-    train = list(
-        zip(
-            encode(read_lines(data / f"train.{src_lang}")),
-            encode(read_lines(data / f"train.{tgt_lang}")),
-        )
-    )
-    model = transformers.MarianMTModel(
-        transformers.MarianConfig(
-            vocab_size=sp.get_piece_size(),
-            **marian_sizes(m),
-            activation_function="relu",
-            dropout=recipe["dropout"],
-            attention_dropout=0.0,
-            activation_dropout=0.0,
-            max_position_embeddings=4 * limit,
-            scale_embedding=True,
-            pad_token_id=pad,
-            eos_token_id=eos,
-            decoder_start_token_id=bos,
-            forced_eos_token_id=None,
-        )
-    )
-    model.train()
-    start = time.perf_counter()
-    elapsed = lambda: time.perf_counter() - start
-    plan: dict[str, Any] = {"warmup": recipe["warmup_steps"], "horizon": None, "first": 0.0}
-    multiplier = None
-    if recipe["schedule"] == "linear":
-        # time the step without updating (the seconds count), then fix the warmup from it
-        probe = peer_batches(train, recipe["max_tokens"], f"{seed}:probe")[:PROBE_STEPS]
-        for batch in probe:
-            loss, _ = peer_loss(model, [train[i] for i in batch], pad, bos)
-            loss.backward()
-            model.zero_grad(set_to_none=True)
-        plan["first"] = elapsed()
-        plan["warmup"] = tuned_warmup(recipe["warmup_share"], len(probe), plan["first"], seconds)
-        multiplier = lambda s: tuned_rate(s, 1.0, plan["warmup"], plan["horizon"])
-    opt, sched = peer_optimizer(model, recipe["learning_rate"], multiplier)
-
-    steps, epoch, tokens, done = 0, 0, 0, False
-    while not done:
-        for batch in peer_batches(train, recipe["max_tokens"], f"{seed}:{epoch}"):
-            loss, tgt = peer_update(model, opt, sched, [train[i] for i in batch], pad, bos)
-            steps, tokens = steps + 1, tokens + int((tgt != pad).sum())
-            if steps % 100 == 0:
-                print(f"  {recipe['system']} step {steps}: loss {loss:.3f}", flush=True)
-            if multiplier is not None and steps == plan["warmup"]:
-                plan["horizon"] = tuned_horizon(steps, elapsed(), plan["first"], seconds)
-                print(f"  {recipe['system']}: {plan['horizon']} steps fill {seconds:.0f} s")
-            done = elapsed() >= seconds or (
-                plan["horizon"] is not None and steps >= plan["horizon"]
-            )
-            if done:
-                break
-        epoch += 1
-    train_seconds = elapsed()
-
-    model.eval()
-    t0 = time.perf_counter()
-    sources = read_lines(data / f"test.{src_lang}")
-    hyps = peer_translate(model, sp, sources, recipe)
-    result = {
-        "train_seconds": train_seconds,
-        "steps": steps,
-        "warmup_steps": plan["warmup"],
-        "horizon": plan["horizon"],
-        "target_tokens_seen": tokens,
-        "decode_seconds": time.perf_counter() - t0,
-        "test_hyps": hyps,
-        "examples": [{"source": s, "hypothesis": h} for s, h in list(zip(sources, hyps))[:3]],
-    }
-    if dev:
-        result["dev_hyps"] = peer_translate(model, sp, read_lines(data / f"dev.{src_lang}"), recipe)
-    return result
-
-
-# -- the runs, each saved once ---------------------------------------------------------------------
-
-
-def unit_name(system: str, seed: int, learning_rate: float | None = None) -> str:
-    """The file stem of one finished run under ``--out/PROXY/``: ``peer-tuned-seed1-lr0.002``."""
-    return f"{system}-seed{seed}" + ("" if learning_rate is None else f"-lr{learning_rate:g}")
-
-
-def finished(path: Path) -> dict[str, Any] | None:
-    """The saved result ``path`` (a run's JSON, its ``.hyp`` beside it) if there is one."""
-    if path.exists() and path.with_suffix(".hyp").exists():
-        print(f"  skip {path.stem}: done ({path})", flush=True)
-        return json.loads(path.read_text(encoding="utf-8"))
-    return None
-
-
-def save(path: Path, result: dict[str, Any], hyps: list[str]) -> dict[str, Any]:
-    """Write ``hyps`` to ``path.hyp``, then ``result`` to ``path`` (last: it marks the run
-    finished); returns ``result``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    path.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
-    return result
-
-
-def bleu(hyps: list[str], refs: list[str]) -> float:
-    import sacrebleu
-
-    return sacrebleu.metrics.BLEU().corpus_score(hyps, [refs]).score
-
-
-def run_ours(args: argparse.Namespace, data: Path, out: Path, seed: int) -> dict[str, Any]:
-    """Our run of ``seed`` on the corpus ``data`` (workdir ``out/ours-seedS``), or its saved
-    result."""
-    path = out / f"{unit_name('ours', seed)}.json"
-    done = finished(path)
+    unit = unit_name(system, seed, dev_check=dev_check)
+    done = read_record(record_path(args.records_dir, proxy, unit), args.settings)
     if done is not None:
+        print(f"  skip {unit}: recorded", flush=True)
         return done
-    workdir = out / f"ours-seed{seed}"
-    overrides = [*args.set, f"train.seed={seed}", *args.budget_override]
-    summary = train_ours(args.config, data, workdir, overrides)
-    hyps = ours_hypotheses(workdir, data / f"test.{LANGS[0]}", summary["test_step"])
-    keys = ("status", "step", "steps", "test_step", "test_bleu", "test_chrf", "train_seconds")
-    result = {k: summary.get(k) for k in (*keys, "tokens_seen", "target_tokens_seen")}
-    print(
-        f"  ours seed {seed}: {result['train_seconds']:.0f} s, {result['step']} steps", flush=True
+    workdir = args.out_dir / proxy / unit
+    summary = train_ours(args.config, data, workdir, ours_overrides(args, system, seed, dev_check))
+    src, tgt = LANGS
+    dev_hyps = ours_translate(
+        workdir, summary["test_step"], data / f"dev.{src}", workdir / "dev.translated.hyp"
     )
-    return save(path, {**result, "workdir": str(workdir)}, hyps)
+    refs = read_lines(data / f"test.{tgt}")
+    record = {
+        **record_head(args, proxy, unit, system, seed),
+        "point": None,
+        "dev_check": list(dev_check),
+        **real_recipe(workdir, target_words(data / f"train.{tgt}")),
+        "step": summary["step"],
+        "train_seconds": summary["train_seconds"],
+        "parameters": summary["trainable_parameters"],
+        "dev": scores(dev_hyps, read_lines(data / f"dev.{tgt}")),
+        "tokenizer": save_tokenizer(args.records_dir, proxy, tokenizer_path(workdir)),
+        "config": to_dict(load_config(config_path(workdir))),
+    }
+    hyps = None
+    if not dev_check:
+        hyps = ours_hypotheses(workdir, data / f"test.{src}", summary["test_step"])
+        record["test"] = scores(hyps, refs)
+        record["references_sha256"] = lines_sha256(refs)
+    print(
+        f"  {unit}: {record['train_seconds']:.0f} s, {record['steps']} steps, dev BLEU "
+        f"{record['dev']['bleu']:.2f}",
+        flush=True,
+    )
+    return write_record(args.records_dir, proxy, unit, record, hyps)
+
+
+def peer_setup(args: argparse.Namespace, proxy: str, ours: dict[str, Any]) -> PeerSetup:
+    """What a peer takes from our record ``ours`` (its config, SentencePiece model and real
+    warmup share), unpacked under ``--out``."""
+    import yaml
+
+    from seq2seq.config import load_config
+
+    where = args.out_dir / proxy / "from-records"
+    where.mkdir(parents=True, exist_ok=True)
+    config = where / f"{ours['unit']}.yaml"
+    config.write_text(yaml.safe_dump(ours["config"], sort_keys=False), encoding="utf-8")
+    tokenizer = load_tokenizer(args.records_dir, ours["tokenizer"], where)
+    return PeerSetup(load_config(config), tokenizer, ours["warmup_share"])
 
 
 def run_peer(
-    data: Path, out: Path, seed: int, recipe: dict[str, Any], seconds: float, dev: bool = False
-) -> dict[str, Any]:
-    """A peer of ``seed`` (``recipe``; the learning rate in the name for peer-tuned) next to
-    our run of that seed, or its saved result; with ``dev`` its dev BLEU too."""
-    lr = recipe["learning_rate"] if recipe["system"] == "peer-tuned" else None
-    path = out / f"{unit_name(recipe['system'], seed, lr)}.json"
-    done = finished(path)
+    args: argparse.Namespace,
+    proxy: str,
+    data: Path,
+    system: str,
+    seed: int,
+    point: GridPoint,
+    order: int,
+) -> dict[str, Any] | None:
+    """Peer ``system`` (``peer-post`` / ``peer-pre``) at ``point`` and ``seed``, trained at
+    least as long as ours of its norm placement and seed (and ``--peer-seconds``), or its
+    record; None while that record of ours is missing. ``order``: the point's place in the
+    grid (the appendix's order)."""
+    unit = unit_name(system, seed, point)
+    done = read_record(record_path(args.records_dir, proxy, unit), args.settings)
     if done is not None:
+        print(f"  skip {unit}: recorded", flush=True)
         return done
+    ours_unit = unit_name(PEER_OF[system], seed)
+    ours = read_record(record_path(args.records_dir, proxy, ours_unit), args.settings)
+    if ours is None:
+        print(f"  {unit}: waits for the record of {ours_unit}", flush=True)
+        return None
+    seconds = max(ours["train_seconds"], args.peer_seconds_at_least)
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    r = train_peer(out / f"ours-seed{seed}", data, seconds, threads or 1, seed, recipe, dev)
-    hyps = r.pop("test_hyps")
-    if dev:
-        r["dev_bleu"] = bleu(r.pop("dev_hyps"), read_lines(data / f"dev.{LANGS[1]}"))
-    print(f"  {path.stem}: {r['train_seconds']:.0f} s, {r['steps']} steps", flush=True)
-    return save(path, {**r, "recipe": recipe}, hyps)
-
-
-def run_proxy(args: argparse.Namespace, data: Path, out: Path) -> dict[str, Any]:
-    """Every system and seed on one proxy (corpus ``data``, runs in ``out``), skipping the
-    finished ones; returns the proxy's part of the JSON."""
-    refs = read_lines(data / f"test.{LANGS[1]}")
-    runs: dict[str, dict[str, Any]] = {s: {} for s in SYSTEMS}
-    dev_bleu: dict[str, float] = {}
-    picked = 0.0
-    comparisons: dict[str, Any] = {}
-    for k, seed in enumerate(args.seed_list):
-        ours = runs["ours"][str(seed)] = run_ours(args, data, out, seed)
-        seconds = max(ours["train_seconds"], args.peer_seconds_at_least)
-        runs["peer"][str(seed)] = run_peer(data, out, seed, plain_recipe(), seconds)
-        workdir = out / f"ours-seed{seed}"
-        if k == 0:  # a run per rate; the best on dev is the first seed's result
-            candidates = {
-                lr: run_peer(data, out, seed, tuned_recipe(workdir, lr), seconds, dev=True)
-                for lr in args.lr_list
-            }
-            dev_bleu = {f"{lr:g}": c["dev_bleu"] for lr, c in candidates.items()}
-            picked = max(args.lr_list, key=lambda lr: candidates[lr]["dev_bleu"])
-            print(f"  peer-tuned: learning rate {picked:g} (dev BLEU {dev_bleu})", flush=True)
-            tuned = candidates[picked]
-        else:
-            tuned = run_peer(data, out, seed, tuned_recipe(workdir, picked), seconds)
-        runs["peer-tuned"][str(seed)] = tuned
-        comparisons[str(seed)] = significance(out, seed, picked, refs)
-    return {
-        "train_pairs": len(read_lines(data / f"train.{LANGS[0]}")),
-        "dev_lines": len(read_lines(data / f"dev.{LANGS[0]}")),
-        "test_lines": len(refs),
-        "words_per_line": words_per_line(data / f"train.{LANGS[0]}"),
-        "ours_learning_rate": ours_learning_rate(out / f"ours-seed{args.seed_list[0]}"),
-        "picked_learning_rate": picked,
-        "dev_bleu_by_learning_rate": dev_bleu,
-        "runs": runs,
-        "comparisons": comparisons,
+    arch = system.removeprefix("peer-")
+    setup = peer_setup(args, proxy, ours)
+    src, tgt = LANGS
+    train = (read_lines(data / f"train.{src}"), read_lines(data / f"train.{tgt}"))
+    sources = {split: read_lines(data / f"{split}.{src}") for split in ("dev", "test")}
+    r = train_peer(arch, setup, train, sources, seconds, threads or 1, seed, point)
+    refs = read_lines(data / f"test.{tgt}")
+    hyps, dev_hyps = r["hyps"]["test"], r.pop("hyps")["dev"]
+    record = {
+        **record_head(args, proxy, unit, system, seed),
+        "point": point.to_json(),
+        "order": order,
+        "ours": ours_unit,
+        "seconds_asked": seconds,
+        "architecture": ARCHS[arch],
+        **r,
+        "dev": scores(dev_hyps, read_lines(data / f"dev.{tgt}")),
+        "test": scores(hyps, refs),
+        "references_sha256": lines_sha256(refs),
     }
-
-
-def ours_learning_rate(workdir: Path) -> float:
-    """Our run's peak learning rate (``train.learning_rate`` of its ``config.yaml``)."""
-    from seq2seq.config import load_config
-    from seq2seq.workdir import config_path
-
-    return load_config(config_path(workdir)).train.learning_rate
-
-
-def significance(out: Path, seed: int, picked: float, refs: list[str]) -> dict[str, Any]:
-    """``seq2seq.evaluation.compare`` of the seed's three systems (ours the baseline) on
-    BLEU and chrF: scores, 95% CIs and the paired tests' p-values, as JSON."""
-    from seq2seq.evaluation import compare
-
-    units = {
-        "ours": unit_name("ours", seed),
-        "peer": unit_name("peer", seed),
-        "peer-tuned": unit_name("peer-tuned", seed, picked),
-    }
-    systems = [(s, read_lines(out / f"{u}.hyp")) for s, u in units.items()]
-    return compare(systems, refs, metrics=("bleu", "chrf")).to_json()
-
-
-# -- the table -------------------------------------------------------------------------------------
-
-
-def system_rows(r: dict[str, Any], system: str, seeds: list[str]) -> dict[str, Any]:
-    """One system's figures on one proxy across the seeds (the table's cells)."""
-    got = [
-        next(s for s in r["comparisons"][seed]["systems"] if s["name"] == system) for seed in seeds
-    ]
-    runs = [r["runs"][system][seed] for seed in seeds]
-    bleus = [g["BLEU"]["score"] for g in got]
-    return {
-        "seconds": sum(x["train_seconds"] for x in runs) / len(runs),
-        "steps": sum(x.get("step", x.get("steps", 0)) for x in runs) / len(runs),
-        "bleu": bleus,
-        "bleu_mean": sum(bleus) / len(bleus),
-        "bleu_spread": (max(bleus) - min(bleus)) / 2,
-        "chrf_mean": sum(g["chrF"]["score"] for g in got) / len(got),
-        "ci": [g["BLEU"]["ci95"] for g in got],
-        "p_bootstrap": [g["BLEU"]["p_bootstrap"] for g in got],
-        "p_ar": [g["BLEU"]["p_ar"] for g in got],
-    }
-
-
-def markdown(result: dict[str, Any]) -> str:
-    meta = result["meta"]
-    seeds = [str(s) for s in meta["seeds"]]
-    per = lambda xs, f: " / ".join("—" if x is None else format(x, f) for x in xs)
-    lines = [
-        f"Quality at the same training time: ours {meta['budget_text']}, the peers at least "
-        f"{meta['peer_seconds_at_least']:.0f} s and ours' seconds; seeds {', '.join(seeds)} "
-        "(per-seed figures in that order; seconds and steps: means); test sets held out of the "
-        "shipped train split.",
-        "",
-        "| proxy | system | train pairs | test lines | train s | steps | BLEU per seed | "
-        "BLEU mean ± ½ range | chrF mean | BLEU 95% CI ± | p bootstrap | p AR | peak lr |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
-    ]
-    for name, r in result["proxies"].items():
-        for system in SYSTEMS:
-            f = system_rows(r, system, seeds)
-            pick = " (dev pick)" if system == "peer-tuned" else ""
-            lr = {
-                "ours": r["ours_learning_rate"],
-                "peer": RECIPE["learning_rate"],
-                "peer-tuned": r["picked_learning_rate"],
-            }[system]
-            lines.append(
-                f"| {name} | {system} | {r['train_pairs']:,} | {r['test_lines']:,} | "
-                f"{f['seconds']:.0f} | {f['steps']:.0f} | {per(f['bleu'], '.2f')} | "
-                f"{f['bleu_mean']:.2f} ± {f['bleu_spread']:.2f} | {f['chrf_mean']:.2f} | "
-                f"{per(f['ci'], '.2f')} | {per(f['p_bootstrap'], '.3f')} | "
-                f"{per(f['p_ar'], '.3f')} | {lr:g}{pick} |"
-            )
-    lines.append("")
-    first = next(iter(result["proxies"].values()), None)
-    if first:
-        sig = next(iter(first["comparisons"].values()))["signatures"]
-        lines.append(
-            "- sacreBLEU on the detokenised test split; CI and p-values of BLEU, ours the "
-            f"baseline of the paired tests (bootstrap: `{sig['BLEU']['bootstrap']}`, "
-            f"`{sig['chrF']['bootstrap']}`; approximate randomization: `{sig['BLEU']['ar']}`, "
-            f"`{sig['chrF']['ar']}`)."
-        )
-    picks = "; ".join(
-        f"{name}: "
-        + ", ".join(
-            f"{lr} → {b:.2f}" + (" (picked)" if float(lr) == r["picked_learning_rate"] else "")
-            for lr, b in r["dev_bleu_by_learning_rate"].items()
-        )
-        for name, r in result["proxies"].items()
+    print(
+        f"  {unit}: {r['train_seconds']:.0f} s, {r['steps']} steps, dev BLEU "
+        f"{record['dev']['bleu']:.2f}; {r['parameters']:,} trainable parameters, "
+        f"{ours_unit} {ours['parameters']:,}",
+        flush=True,
     )
-    h = meta["heldout"]
-    sets = ", ".join(
-        f"{n} {s['pairs']:,} pairs ({s['groups']:,} groups"
-        + (f", joined into {s['joined_lines']:,} lines" if "joined_lines" in s else "")
-        + ")"
-        for n, s in h["sets"].items()
-    )
-    overrides = " ".join(meta["ours_overrides"] + ["train.seed=SEED"])
-    lines += [
-        f"- peer-tuned's peak learning rate, dev BLEU of each candidate (seed {seeds[0]}, "
-        f"beam 4): {picks}.",
-        f"- Held-out test sets: whole groups of ≤ {h['max_group_pairs']} pairs sharing a "
-        f"sentence, carved out of the shipped train split in the order of sha256 with salt "
-        f"`{h['salt']}`: {sets}; their {h['removed_from_every_proxys_train']:,} pairs are in no "
-        "proxy's training data; the shipped dev and test splits are no proxy's test.",
-        f"- {meta['date']}; {meta['machine']}; config `{meta['config']}`, overrides `{overrides}`.",
-        "- Choices were made on dev only (peer-tuned's learning rate): each test set was "
-        f"decoded once per run and used for nothing else. {LENGTH_PENALTY_NOTE}.",
+    return write_record(args.records_dir, proxy, unit, record, hyps)
+
+
+def peer_grid(args: argparse.Namespace) -> list[GridPoint]:
+    """The grid's first stage: every rate, warmup and schedule at the first dropout."""
+    return grid_points(args.lr_list, args.warmup_list, args.schedule_list, args.dropout_list[0])
+
+
+def second_stage(
+    args: argparse.Namespace, best: dict[str, Any], ours_dropout: float
+) -> list[GridPoint]:
+    """The grid's second stage: the first stage's dev pick ``best`` with each other dropout of
+    ``--peer-dropouts`` (``ours``: ``ours_dropout``) that differs from its own."""
+    p = best["point"]
+    point = GridPoint(p["learning_rate"], p["warmup"], p["schedule"], p["dropout"])
+    out = []
+    for d in args.dropout_list[1:]:
+        rate = ours_dropout if d == "ours" else float(d)
+        if rate != best["dropout"] and all(rate != x for x, _ in out):
+            out.append((rate, point._replace(dropout=d)))
+    return [q for _, q in out]
+
+
+def run_proxy(args: argparse.Namespace, proxy: str, data: Path) -> None:
+    """Every training of ``proxy`` that has no record yet, in order: ours (both norm
+    placements, every seed), each peer's grid at the first seed (then the second stage's
+    dropouts at the first stage's pick), then each peer's plain point and dev pick at the
+    other seeds. With ``--dev-check``, only those runs of ours."""
+    seeds = args.seed_list
+    if args.dev_check:
+        for seed in seeds:
+            run_ours(args, proxy, data, "ours-pre", seed, args.dev_check)
+        return
+    for seed in seeds:
+        for system in ("ours-pre", "ours-post"):
+            if system in args.system_list:
+                run_ours(args, proxy, data, system, seed)
+    for system in ("peer-post", "peer-pre"):
+        if system not in args.system_list:
+            continue
+        grid = peer_grid(args)
+        first = [run_peer(args, proxy, data, system, seeds[0], p, i) for i, p in enumerate(grid)]
+        if any(r is None for r in first):
+            continue
+        ours = read_record(
+            record_path(args.records_dir, proxy, unit_name(PEER_OF[system], seeds[0])),
+            args.settings,
+        )
+        assert ours is not None  # the first stage ran
+        stage = second_stage(args, dev_pick(first), ours["dropout"])  # type: ignore[arg-type]
+        second = [
+            run_peer(args, proxy, data, system, seeds[0], p, len(grid) + i)
+            for i, p in enumerate(stage)
+        ]
+        best = dev_pick([r for r in first + second if r is not None])
+        assert best is not None
+        picked = GridPoint(**best["point"])
+        print(f"  {system}: dev pick {picked.name} (dev BLEU {best['dev']['bleu']:.2f})")
+        for seed in seeds[1:]:
+            run_peer(args, proxy, data, system, seed, PLAIN, -1)
+            if picked != PLAIN:
+                run_peer(args, proxy, data, system, seed, picked, -1)
+
+
+def planned(args: argparse.Namespace, proxy: str) -> list[tuple[str, float]]:
+    """(unit, estimated seconds) of every training ``run_proxy`` will make on ``proxy``,
+    recorded or not; where the dev pick is not known yet, one run per peer and seed (an upper
+    bound: none if the pick is the plain point) and every second-stage dropout."""
+    ours_s = args.budget_seconds + OURS_OVERHEAD_SECONDS
+    peer_s = max(args.budget_seconds, args.peer_seconds_at_least) + PEER_OVERHEAD_SECONDS
+    seeds = args.seed_list
+    if args.dev_check:
+        return [(unit_name("ours-pre", s, dev_check=args.dev_check), ours_s) for s in seeds]
+    units = [
+        (unit_name(system, seed), ours_s)
+        for seed in seeds
+        for system in ("ours-pre", "ours-post")
+        if system in args.system_list
     ]
-    return "\n".join(lines)
+    found = load_records(args.records_dir, proxy, args.settings)
+    for system in ("peer-post", "peer-pre"):
+        if system not in args.system_list:
+            continue
+        grid = peer_grid(args)
+        units += [(unit_name(system, seeds[0], p), peer_s) for p in grid]
+        first = [found.get(unit_name(system, seeds[0], p)) for p in grid]
+        ours = found.get(unit_name(PEER_OF[system], seeds[0]))
+        if not all(first) or ours is None:  # the pick is not known yet
+            units += [
+                (f"{system}-seed{seeds[0]}-dropout-{d}", peer_s) for d in args.dropout_list[1:]
+            ]
+            units += [
+                (f"{system}-seed{s}-{k}", peer_s) for s in seeds[1:] for k in ("plain", "pick")
+            ]
+            continue
+        stage = second_stage(args, dev_pick(first), ours["dropout"])  # type: ignore[arg-type]
+        units += [(unit_name(system, seeds[0], p), peer_s) for p in stage]
+        second = [found.get(unit_name(system, seeds[0], p)) for p in stage]
+        best = dev_pick([r for r in first + second if r is not None])
+        assert best is not None
+        picks = {PLAIN, GridPoint(**best["point"])}
+        units += [(unit_name(system, s, p), peer_s) for s in seeds[1:] for p in picks]
+    return units
+
+
+def print_plan(args: argparse.Namespace) -> tuple[int, int]:
+    """Print the planned trainings per proxy, how many are recorded and the hours left;
+    returns (planned, recorded)."""
+    total = recorded = 0
+    left = 0.0
+    for proxy in args.proxy_list:
+        found = load_records(args.records_dir, proxy, args.settings)
+        units = planned(args, proxy)
+        done = [u for u, _ in units if u in found]
+        todo = sum(s for u, s in units if u not in found)
+        total, recorded, left = total + len(units), recorded + len(done), left + todo
+        print(
+            f"plan {proxy}: {len(units)} trainings, {len(done)} recorded, about "
+            f"{todo / 3600:.1f} h left",
+            flush=True,
+        )
+    print(
+        f"plan: {total} trainings, {recorded} recorded, about {left / 3600:.1f} h left "
+        f"(ours {args.budget_seconds:g} s + {OURS_OVERHEAD_SECONDS} s each, peers "
+        f"{max(args.budget_seconds, args.peer_seconds_at_least):.0f} s + "
+        f"{PEER_OVERHEAD_SECONDS} s)",
+        flush=True,
+    )
+    return total, recorded
 
 
 # -- the command line ------------------------------------------------------------------------------
@@ -938,7 +734,7 @@ def markdown(result: dict[str, Any]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("--quality")
     g.add_argument(
-        "--proxies", default=",".join(PROXIES), help="comma-separated: full, small, long"
+        "--proxies", default="full,small", help="comma-separated: full, small, long (full,small)"
     )
     g.add_argument("--config", default="configs/tatoeba_en_es.yaml", help="our config file")
     g.add_argument(
@@ -955,9 +751,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--seeds", default="1,2", help="comma-separated, at least two (default 1,2)")
     g.add_argument(
-        "--peer-lrs",
-        default="2.5e-4,5e-4,1e-3",
-        help="peer-tuned's candidate peak learning rates, picked on dev (at least two)",
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated, of {', '.join(SYSTEMS)} (all); a peer needs ours' record of "
+        "its norm placement",
+    )
+    g.add_argument(
+        "--peer-lrs", default="5e-4,1e-3,2e-3", help="the peers' grid: peak learning rates"
+    )
+    g.add_argument(
+        "--peer-warmups",
+        default="400,ours",
+        help="the peers' grid: warmup steps, or 'ours' (our run's real warmup share of the "
+        "peer's projected steps)",
+    )
+    g.add_argument(
+        "--peer-schedules", default="rsqrt,linear", help="the peers' grid: rsqrt, linear"
+    )
+    g.add_argument(
+        "--peer-dropouts",
+        default="0.1,ours",
+        help="the grid's dropout (the first), then those tried at its dev pick ('ours': our "
+        "run's resolved rate)",
+    )
+    g.add_argument(
+        "--dev-check",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="train only ours (pre-norm) with this extra override (repeatable) and record "
+        "its dev scores, e.g. model.dropout_rate=0.15",
     )
     g.add_argument(
         "--budget",
@@ -975,7 +798,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--test-pairs", type=int, default=TEST_PAIRS, help="pairs per held-out test set (2000)"
     )
-    g.add_argument("--out", default="runs/quality", help="corpora and runs go here")
+    g.add_argument("--out", default="runs/quality", help="corpora and run directories go here")
+    g.add_argument(
+        "--records",
+        default="docs/data/quality",
+        help="one JSON record per finished training (committed; a rerun skips them)",
+    )
+    g.add_argument(
+        "--from-records",
+        action="store_true",
+        help="train nothing: build the table from the records (with --docs / --json)",
+    )
     g.add_argument("--limit-lines", type=int, default=0, help=argparse.SUPPRESS)
 
 
@@ -996,10 +829,35 @@ def numbers(option: str, text: str, kind: type, smallest: int) -> list[Any]:
     return values
 
 
+def words(option: str, text: str, allowed: Callable[[str], bool], what: str) -> list[str]:
+    """The comma-separated values of ``option``, each ``allowed``, distinct, at least one.
+
+    Raises:
+      UsageError: a value is not allowed (``what`` says what is), repeats, or none is given.
+    """
+    values = [s.strip() for s in text.split(",") if s.strip()]
+    for s in values:
+        if not allowed(s):
+            raise UsageError(f"{option} {text}: {s!r} is not {what}")
+    if not values or len(set(values)) != len(values):
+        raise UsageError(f"{option} {text}: give distinct values")
+    return values
+
+
+def _dropout_value(s: str) -> bool:
+    if s == "ours":
+        return True
+    try:
+        return 0 <= float(s) < 1
+    except ValueError:
+        return False
+
+
 def check(args: argparse.Namespace) -> None:
-    """Validate the options and derive ``proxy_list``, ``seed_list``, ``lr_list``,
-    ``budget_seconds``, ``budget_override`` (ours' ``train.time_budget``, if ``--budget``) and
-    ``peer_seconds_at_least``.
+    """Validate the options and derive ``proxy_list``, ``seed_list``, ``system_list``,
+    ``lr_list``, ``warmup_list``, ``schedule_list``, ``dropout_list``, ``budget_seconds``,
+    ``budget_override`` (ours' ``train.time_budget``, if ``--budget``),
+    ``peer_seconds_at_least``, ``records_dir``, ``out_dir`` and ``settings``.
 
     Raises:
       UsageError: the message names the option or file.
@@ -1010,14 +868,37 @@ def check(args: argparse.Namespace) -> None:
     for s in args.proxy_list:
         if s not in PROXIES:
             raise UsageError(f"--proxies: unknown proxy {s!r}; choose from {', '.join(PROXIES)}")
-    args.seed_list = numbers("--seeds", args.seeds, int, 1 if args.limit_lines else 2)
-    args.lr_list = numbers("--peer-lrs", args.peer_lrs, float, 2)
+    one_seed = args.limit_lines or args.dev_check or args.from_records
+    args.seed_list = numbers("--seeds", args.seeds, int, 1 if one_seed else 2)
+    args.system_list = words("--systems", args.systems, SYSTEMS.__contains__, "a system")
+    args.lr_list = numbers("--peer-lrs", args.peer_lrs, float, 1)
     if any(lr <= 0 for lr in args.lr_list):
         raise UsageError(f"--peer-lrs {args.peer_lrs}: learning rates must be > 0")
+    args.warmup_list = words(
+        "--peer-warmups",
+        args.peer_warmups,
+        lambda s: s == "ours" or (s.isdigit() and int(s) > 0),
+        "a step count > 0 or 'ours'",
+    )
+    args.schedule_list = words(
+        "--peer-schedules", args.peer_schedules, SCHEDULES.__contains__, "rsqrt or linear"
+    )
+    args.dropout_list = words(
+        "--peer-dropouts", args.peer_dropouts, _dropout_value, "a rate in [0, 1) or 'ours'"
+    )
+    if PLAIN not in peer_grid(args):
+        raise UsageError(
+            f"--peer-lrs/--peer-warmups/--peer-schedules/--peer-dropouts: the grid must hold "
+            f"the plain recipe's point (learning rate {PLAIN.learning_rate:g}, warmup "
+            f"{PLAIN.warmup}, {PLAIN.schedule}, the first dropout {PLAIN.dropout})"
+        )
     if args.test_pairs < 1:
         raise UsageError(f"--test-pairs {args.test_pairs}: must be >= 1")
     if args.budget is not None and args.budget < 0:
         raise UsageError(f"--budget {args.budget:g}: must be >= 0")
+    for kv in args.dev_check:
+        if "=" not in kv:
+            raise UsageError(f"--dev-check {kv}: not KEY=VALUE")
     corpus = Path(args.corpus)
     for split in ("train", "dev"):
         for lang in LANGS:
@@ -1025,22 +906,29 @@ def check(args: argparse.Namespace) -> None:
             if not path.exists() and not path.with_name(path.name + ".gz").exists():
                 raise UsageError(f"--corpus {corpus}: {path.name}[.gz] is missing")
     try:
-        cfg = load_config(ROOT / args.config, args.set)
+        cfg = load_config(ROOT / args.config, [*args.set, *args.dev_check])
     except ConfigError as e:
-        raise UsageError(f"--config {args.config} / --set: {e}") from None
+        raise UsageError(f"--config {args.config} / --set / --dev-check: {e}") from None
     args.budget_override = [] if args.budget is None else [f"train.time_budget={args.budget:g}"]
     args.budget_seconds = cfg.train.time_budget if args.budget is None else args.budget
     args.peer_seconds_at_least = (
         args.budget_seconds * 15 / 13 if args.peer_seconds is None else args.peer_seconds
     )
+    args.records_dir = Path(args.records).resolve()
+    args.out_dir = Path(args.out).resolve()
+    args.settings = settings(args)
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
-    """What the saved runs under ``--out`` depend on (a rerun must match to reuse them)."""
+    """What a record depends on (a rerun must match to reuse it): the corpus (relative to
+    the repository when inside it), the config and ours' overrides, the budgets, the
+    carving."""
+    corpus = Path(args.corpus).resolve()
     return {
-        "corpus": str(Path(args.corpus).resolve()),
+        "corpus": str(corpus.relative_to(ROOT)) if corpus.is_relative_to(ROOT) else str(corpus),
         "config": args.config,
-        "overrides": args.set + args.budget_override,
+        "overrides": [*FLOAT32, *args.set, *args.budget_override],
+        "budget_seconds": args.budget_seconds,
         "peer_seconds_at_least": args.peer_seconds_at_least,
         "test_pairs": args.test_pairs,
         "limit_lines": args.limit_lines,
@@ -1048,14 +936,48 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def heldout_text(h: dict[str, Any]) -> str:
+    """The carving as the table's note says it."""
+    sets = ", ".join(
+        f"{n} {s['pairs']:,} pairs ({s['groups']:,} groups"
+        + (f", joined into {s['joined_lines']:,} lines" if "joined_lines" in s else "")
+        + ")"
+        for n, s in h["sets"].items()
+    )
+    return (
+        f"whole groups of ≤ {h['max_group_pairs']} pairs sharing a sentence, carved out of the "
+        f"shipped train split in the order of sha256 with salt `{h['salt']}`: {sets}; their "
+        f"{h['removed_from_every_proxys_train']:,} pairs are in no proxy's training data; the "
+        "shipped dev and test splits are no proxy's test; choices were made on the shipped dev "
+        "split only (small: its first 500 lines)."
+    )
+
+
+def runs_text(found: dict[str, dict[str, Any]]) -> str:
+    """Dates, machines and commits of the records."""
+    records = [r for units in found.values() for r in units.values()]
+    if not records:
+        return "none recorded yet."
+    dates = sorted(r["date"] for r in records)
+    machines = sorted({r["machine"] for r in records})
+    commits = sorted({r["commit"] for r in records})
+    overrides = " ".join(records[0]["settings"]["overrides"])
+    return (
+        f"{dates[0]} to {dates[-1]}; {'; '.join(machines)}; commits {', '.join(commits)}; "
+        f"config `{records[0]['settings']['config']}`, overrides `{overrides} "
+        "model.norm=pre|post train.seed=SEED`."
+    )
+
+
 def run(args: argparse.Namespace, machine: str, write_docs: Callable[..., None]) -> int:
-    """The comparison; ``write_docs(path, table, begin, end)`` is ``compare.write_docs``.
-    Returns the exit status: 2 for bad options or input (the message on stderr)."""
+    """The comparison (or with ``--from-records`` its table alone); ``write_docs(path, table,
+    begin, end)`` is ``compare.write_docs``. Returns the exit status: 2 for bad options, input
+    or records (the message on stderr)."""
     try:
         check(args)
-        out = Path(args.out).resolve()
-        mine = settings(args)
-        saved = out / "settings.json"
+        args.machine = machine
+        mine = {**args.settings, "records": str(args.records_dir)}
+        saved = args.out_dir / "settings.json"
         if saved.exists() and json.loads(saved.read_text(encoding="utf-8")) != mine:
             raise UsageError(
                 f"--out {args.out} holds runs with other settings ({saved}); "
@@ -1073,53 +995,70 @@ def run(args: argparse.Namespace, machine: str, write_docs: Callable[..., None])
     except ValueError as e:
         print(f"compare.py --quality: --test-pairs {args.test_pairs}: {e}", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(mine, indent=1), encoding="utf-8")
     provenance = heldout_provenance(carved, args.test_pairs, len(shipped["train"][0]))
-    budget_text = (
-        f"train.time_budget {args.budget_seconds:g} s"
-        if args.budget_seconds
-        else "the config's steps (no time budget)"
-    )
-    result: dict[str, Any] = {
-        "meta": {
-            "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-            "machine": machine,
-            "config": args.config,
-            "overrides": args.set,
-            "ours_overrides": args.set + args.budget_override,
-            "budget_seconds": args.budget_seconds,
-            "budget_text": budget_text,
-            "peer_seconds_at_least": args.peer_seconds_at_least,
-            "seeds": args.seed_list,
-            "peer_learning_rates": args.lr_list,
-            "recipe": RECIPE,
-            "peer_tuned": "RECIPE with ours' linear warmup and decay to zero at the run's fixed "
-            "end (warmup: ours' share of the projected steps), ours' dropout and decoding, the "
-            "peak learning rate picked on dev for the first seed",
-            "length_penalty_note": LENGTH_PENALTY_NOTE,
-            "spread": "half the range over the seeds, (max - min) / 2",
-            "limit_lines": args.limit_lines,
-            "heldout": provenance,
-        },
-        "proxies": {},
-    }
+    references, datas = {}, {}
     for name in args.proxy_list:
-        print(f"proxy {name}", flush=True)
         splits = proxy_splits(name, shipped, carved)
-        data = write_proxy(splits, out / name / "data", args.limit_lines)
-        part = run_proxy(args, data, out / name)
-        result["proxies"][name] = part
+        tests = splits["test"][1]
+        references[name] = tests[: args.limit_lines] if args.limit_lines else tests
         if name == "long":
-            result["meta"]["heldout"]["sets"]["long"]["joined_lines"] = len(splits["test"][0])
-
-    table = markdown(result)
-    print("\n" + table)
+            provenance["sets"]["long"]["joined_lines"] = len(splits["test"][0])
+        if not args.from_records:
+            datas[name] = write_proxy(splits, args.out_dir / name / "data", args.limit_lines)
+    try:
+        total, recorded = print_plan(args)
+        if not args.from_records:
+            args.out_dir.mkdir(parents=True, exist_ok=True)
+            saved.write_text(json.dumps(mine, indent=1), encoding="utf-8")
+            for name in args.proxy_list:
+                print(f"proxy {name}", flush=True)
+                run_proxy(args, name, datas[name])
+            total, recorded = print_plan(args)
+        found = {p: load_records(args.records_dir, p, args.settings) for p in args.proxy_list}
+        table = build(
+            found,
+            args.seed_list,
+            PLAIN.name,
+            len(peer_grid(args)),
+            references,
+            args.records_dir,
+        )
+    except RecordError as e:
+        print(f"compare.py --quality: {e}", file=sys.stderr)
+        return 2
+    records_text = (
+        str(args.records_dir.relative_to(ROOT))
+        if args.records_dir.is_relative_to(ROOT)
+        else str(args.records_dir)
+    )
+    meta = {
+        "budget_text": f"train.time_budget {args.budget_seconds:g} s"
+        if args.budget_seconds
+        else "the config's steps (no time budget)",
+        "peer_seconds_at_least": args.peer_seconds_at_least,
+        "records": records_text,
+        "recorded": recorded,
+        "planned": total,
+        "seeds": args.seed_list,
+        "peers": f"{ARCHS['post']} and {ARCHS['pre']}, both of ours' sizes on its "
+        "SentencePiece pieces (scripts/quality_peers.py); plain = learning rate 1e-3 after 400 "
+        "warmup steps, inverse square root, dropout 0.1; best = the grid's dev pick (grid: "
+        f"learning rates {', '.join(f'{x:g}' for x in args.lr_list)} × warmups "
+        f"{', '.join(args.warmup_list)} × schedules {', '.join(args.schedule_list)} at dropout "
+        f"{args.dropout_list[0]}, then dropouts {', '.join(args.dropout_list[1:]) or 'none'} at "
+        "its pick); decoded as ours: beam 4, ours' length penalty form and α, PAD, BOS and the "
+        "unknown piece banned, ours' length limit.",
+        "heldout_text": heldout_text(provenance),
+        "runs_text": runs_text(found),
+    }
+    text = markdown(table, meta)
+    print("\n" + text)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+        blob = {"meta": {**meta, "heldout": provenance, "settings": args.settings}, **table}
+        Path(args.json).write_text(json.dumps(blob, indent=1, ensure_ascii=False) + "\n")
         print(f"\nwrote {args.json}")
     if args.docs:
-        write_docs(Path(args.docs), table, DOCS_BEGIN, DOCS_END)
+        write_docs(Path(args.docs), text, DOCS_BEGIN, DOCS_END)
         print(f"updated the quality table in {args.docs}")
     return 0

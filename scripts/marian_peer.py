@@ -5,7 +5,7 @@
    ``</s>`` 0, ``<unk>`` 1, the pieces, ``<pad>`` last) on the shipped training split.
 2. A Hugging Face ``MarianMTModel`` of the preset's sizes (d_model 256, 3+3 layers, 4 heads,
    d_ff 1024, ``swish``, scaled, shared embeddings) trained for ``--seconds`` with the plain
-   recipe of ``scripts/compare_quality.py`` (the same-size peer of ``compare.py --quality``),
+   recipe of ``scripts/quality_peers.py`` (the same-size peer of ``compare.py --quality``),
    saved with ``save_pretrained`` beside ``source.spm``/``target.spm``/``vocab.json``.
 3. ``seq2seq-import --from marian`` of that directory.
 4. The first ``--limit`` test sentences translated by both: ``generate`` (beam 4, length
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     import sentencepiece as spm
     import torch
     import transformers
-    from compare_quality import RECIPE, peer_batches, peer_optimizer, peer_update, read_lines
+    from compare_quality import read_lines
+    from quality_peers import RECIPE, marian_peer, peer_batches, peer_optimizer, peer_update
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -113,13 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         bos_token_id=None,
     )
     model = transformers.MarianMTModel(config)
+    peer = marian_peer(model, pad)  # the training interface of the quality peers
     opt, sched = peer_optimizer(model)
 
     model.train()
     start, steps, epoch = time.perf_counter(), 0, 0
     while time.perf_counter() - start < a.seconds:
         for batch in peer_batches(train, RECIPE["max_tokens"], epoch):
-            loss, _ = peer_update(model, opt, sched, [train[i] for i in batch], pad, pad)
+            loss, _ = peer_update(peer, opt, sched, [train[i] for i in batch], pad, pad)
             steps += 1
             if steps % 100 == 0:
                 print(f"peer step {steps}: loss {loss:.3f}", flush=True)
@@ -139,7 +141,8 @@ def compare(a, model, hf_dir: Path, out: Path, data: Path, pad: int, trained: di
     import sacrebleu
     import torch
     import transformers
-    from compare_quality import pad_rows, read_lines
+    from compare_quality import read_lines
+    from quality_peers import pad_rows
 
     from seq2seq.config import replace
     from seq2seq.marian import import_marian

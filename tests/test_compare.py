@@ -6,7 +6,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -189,97 +188,119 @@ def test_carved_heldout_sets_are_whole_groups_kept_out_of_every_proxys_training(
         carve_heldout(en, es, pairs=300)
 
 
-def test_tuned_schedule_warms_up_then_decays_to_zero_at_the_fixed_end():
+def test_peer_schedules_warm_up_then_decay_as_their_formulas_say():
     sys.path.insert(0, str(ROOT / "scripts"))
-    from compare_quality import tuned_horizon, tuned_rate, tuned_warmup
+    from quality_peers import horizon_for_seconds, linear_rate, rsqrt_rate, warmup_from_share
 
     peak, warmup, end = 2e-3, 10, 50
-    assert tuned_rate(0, peak, warmup, None) == pytest.approx(peak / warmup)
-    assert tuned_rate(4, peak, warmup, None) == pytest.approx(peak / 2)
-    assert tuned_rate(warmup - 1, peak, warmup, end) == pytest.approx(peak)  # the W-th update
-    assert tuned_rate(30, peak, warmup, None) == peak  # before the end is fixed
-    rates = [tuned_rate(c, peak, warmup, end) for c in range(warmup - 1, end + 3)]
+    assert linear_rate(0, peak, warmup, None) == pytest.approx(peak / warmup)
+    assert linear_rate(4, peak, warmup, None) == pytest.approx(peak / 2)
+    assert linear_rate(warmup - 1, peak, warmup, end) == pytest.approx(peak)  # the W-th update
+    assert linear_rate(30, peak, warmup, None) == peak  # before the end is fixed
+    rates = [linear_rate(c, peak, warmup, end) for c in range(warmup - 1, end + 3)]
     steps = [a - b for a, b in zip(rates, rates[1:])]
     assert steps[: end - warmup + 1] == pytest.approx(
         [peak / (end - warmup + 1)] * (end - warmup + 1)
     )
     assert rates[end - warmup + 1 :] == [0.0, 0.0, 0.0]  # zero from the end on
-    assert tuned_rate(end - 1, peak, warmup, end) == pytest.approx(peak / (end - warmup + 1))
+    assert linear_rate(end - 1, peak, warmup, end) == pytest.approx(peak / (end - warmup + 1))
     # the warmup: a fifth of the updates that fit after the probe (10 passes in 2 s: 5/s)
-    assert tuned_warmup(0.2, 10, 2.0, 100.0) == round(0.2 * 98 * 5)
-    assert tuned_warmup(0.2, 10, 200.0, 100.0) == 1  # no time left: at least one step
+    assert warmup_from_share(0.2, 10, 2.0, 100.0) == round(0.2 * 98 * 5)
+    assert warmup_from_share(0.2, 10, 200.0, 100.0) == 1  # no time left: at least one step
     # the end: 20 updates in 10 s after the probe (2/s), 88 s left of 100
-    assert tuned_horizon(20, 12.0, 2.0, 100.0) == 20 + 176
-    assert tuned_horizon(20, 120.0, 2.0, 100.0) == 20  # the budget is spent: end here
+    assert horizon_for_seconds(20, 12.0, 2.0, 100.0) == 20 + 176
+    assert horizon_for_seconds(20, 120.0, 2.0, 100.0) == 20  # the budget is spent: end here
+    # the plain recipe's shape: linear to the peak at update 400, then 1/sqrt
+    assert rsqrt_rate(0, 400) == pytest.approx(1 / 400)
+    assert rsqrt_rate(399, 400) == 1.0
+    assert rsqrt_rate(1599, 400) == pytest.approx(0.5)  # n = 1600 = 4 W: sqrt(1/4)
 
 
-@pytest.mark.slow  # ~3 min on 2 cores: 2 seeds × (ours, peer, 2 tuned candidates or 1)
-def test_quality_comparison_runs_three_systems_and_seeds_and_resumes(tmp_path):
+def _tiny_quality_args():
+    tiny = "model.d_model=32 model.d_ff=64 model.num_heads=2 model.num_encoder_layers=1 "
+    tiny += "model.num_decoder_layers=1 tokenizer.vocab_size=200 train.steps=3 "
+    tiny += "train.eval_every=3 train.warmup_steps=1"
+    # short output limits: the untrained models never stop early
+    tiny += " decode.max_len_a=0.3 decode.max_len_b=3"
+    return [a for kv in tiny.split() for a in ("--set", kv)]
+
+
+@pytest.mark.slow  # ~5 min on 2 cores: ours 4 runs, each peer 2 grid points and 1-2 at seed 2
+def test_quality_comparison_records_each_training_and_resumes_from_the_records(tmp_path):
     for name in ("torch", "transformers", "sentencepiece"):
         pytest.importorskip(name, reason=f"{name} comes with the optional extra 'compare'")
-    out, docs = tmp_path / "quality.json", tmp_path / "benchmarks.md"
+    records, docs = tmp_path / "records", tmp_path / "benchmarks.md"
     docs.write_text(
         "x\n<!-- compare.py quality: begin -->\nold\n<!-- compare.py quality: end -->\ny\n"
     )
-    tiny = "model.d_model=32 model.d_ff=64 model.num_heads=2 model.num_encoder_layers=1 "
-    tiny += "model.num_decoder_layers=1 tokenizer.vocab_size=200 train.steps=3 "
-    tiny += "train.eval_every=3 train.time_budget=0"
-    # short output limits: the untrained models never stop early (peer-tuned decodes as ours)
-    tiny += " decode.max_len_a=0.3 decode.max_len_b=3"
-    sets = [a for kv in tiny.split() for a in ("--set", kv)]
-    argv = [sys.executable, "scripts/compare.py", "--quality", "--proxies", "long"]
-    argv += ["--limit-lines", "60", "--out", str(tmp_path / "q"), "--json", str(out)]
-    argv += ["--seeds", "1,2", "--peer-lrs", "1e-3,3e-3", "--peer-seconds", "3"]
-    argv += ["--docs", str(docs), *sets]
+    argv = [sys.executable, "scripts/compare.py", "--quality", "--proxies", "small"]
+    argv += ["--limit-lines", "40", "--out", str(tmp_path / "q"), "--records", str(records)]
+    argv += ["--seeds", "1,2", "--budget", "0", "--peer-seconds", "2"]
+    argv += ["--peer-lrs", "1e-3", "--peer-warmups", "400,ours", "--peer-schedules", "rsqrt"]
+    argv += ["--peer-dropouts", "0.1", "--json", str(tmp_path / "q.json"), *_tiny_quality_args()]
 
-    def run():
-        start = time.perf_counter()
+    def run(*extra):
         proc = subprocess.run(
-            argv, cwd=ROOT, env={**os.environ, **FAST_XLA}, capture_output=True, text=True
+            [*argv, *extra],
+            cwd=ROOT,
+            env={**os.environ, **FAST_XLA},
+            capture_output=True,
+            text=True,
         )
         assert proc.returncode == 0, proc.stderr[-4000:]
-        return proc.stdout, time.perf_counter() - start
+        return proc.stdout
 
-    first, first_seconds = run()
-    result = json.loads(out.read_text())
-    r = result["proxies"]["long"]
-    assert r["train_pairs"] == 60 and r["test_lines"] == 60
-    assert set(r["runs"]) == {"ours", "peer", "peer-tuned"}
-    for system, runs in r["runs"].items():
-        assert set(runs) == {"1", "2"}, system
-    for seed in ("1", "2"):
-        ours, peer = r["runs"]["ours"][seed], r["runs"]["peer"][seed]
-        tuned = r["runs"]["peer-tuned"][seed]
-        assert ours["step"] == 3 and peer["steps"] >= 1 and tuned["steps"] >= 1
-        # the plain peer trains at least our time and --peer-seconds; the tuned one until its
-        # fixed end or that time
-        assert peer["train_seconds"] >= max(ours["train_seconds"], 3.0)
-        assert tuned["steps"] == tuned["horizon"] or tuned["train_seconds"] >= 3.0
-        assert tuned["recipe"]["learning_rate"] == r["picked_learning_rate"]
-        c = r["comparisons"][seed]
-        assert c["baseline"] == "ours" and c["num_sentences"] == 60
-        assert [s["name"] for s in c["systems"]] == ["ours", "peer", "peer-tuned"]
-        for s in c["systems"]:
-            for metric in ("BLEU", "chrF"):
-                m = s[metric]
-                assert 0 <= m["score"] <= 100 and m["ci95"] >= 0
-                if s["name"] != "ours":
-                    assert 0 <= m["p_bootstrap"] <= 1 and 0 <= m["p_ar"] <= 1
-        assert c["signatures"]["BLEU"]["bootstrap"].startswith("nrefs:1|bs:1000|seed:12345")
-    dev = r["dev_bleu_by_learning_rate"]
-    assert set(dev) == {"0.001", "0.003"}
-    assert r["picked_learning_rate"] in (1e-3, 3e-3)
-    assert dev[f"{r['picked_learning_rate']:g}"] == max(dev.values())
-    h = result["meta"]["heldout"]
-    assert h["salt"] == "quality-heldout" and h["sets"]["long"]["pairs"] >= 2000
+    first = run("--docs", str(docs))
+    assert "plan small: 12 trainings, 0 recorded" in first  # 4 ours + 2 × (2 + 2)
+    found = {p.stem: json.loads(p.read_text()) for p in (records / "small").glob("*.json")}
+    ours = {s: found[f"{s}-seed{k}"] for s in ("ours-pre", "ours-post") for k in (1, 2)}
+    for r in ours.values():
+        assert r["steps"] == r["provisional_steps"] == 3 and r["warmup_share"] == 1 / 3
+        assert (records / r["tokenizer"]).exists() and r["test"]["lines"] == 40
+    picks = {}
+    for system, norm in (("peer-pre", "ours-pre"), ("peer-post", "ours-post")):
+        grid = [r for u, r in found.items() if u.startswith(f"{system}-seed1-")]
+        grid.sort(key=lambda r: r["order"])  # the grid's order: the first of equals wins
+        assert [r["point"]["warmup"] for r in grid] == ["400", "ours"]
+        best = max(grid, key=lambda r: r["dev"]["bleu"])  # the dev pick
+        picks[system] = best["point"]
+        seed2 = {u for u in found if u.startswith(f"{system}-seed2-")}
+        assert f"{system}-seed2-lr0.001-w400-rsqrt-d0.1" in seed2  # the plain point
+        name = "lr{learning_rate:g}-w{warmup}-{schedule}-d{dropout}".format(**best["point"])
+        assert f"{system}-seed2-{name}" in seed2 and len(seed2) <= 2
+        for u in seed2 | {r["unit"] for r in grid}:
+            r, o = found[u], found[f"{norm}-seed{found[u]['seed']}"]
+            assert r["parameters"] == o["parameters"]  # the same size as ours, both ways
+            assert r["train_seconds"] >= max(o["train_seconds"], 2.0)
+            assert r["ours"] == o["unit"] and r["references_sha256"] == o["references_sha256"]
+    table = json.loads((tmp_path / "q.json").read_text())["proxies"]["small"]
+    assert {s: p["picked"] for s, p in table["picks"].items()} == picks
+    tests = table["seeds"]["1"]["tests"]
+    assert [s["name"] for s in tests["ours-post"]["systems"]] == [
+        "ours-post",
+        "peer-post plain",
+        "peer-post best",
+    ]
     text = docs.read_text()
-    assert "old" not in text and "| long | peer-tuned | 60 | 60 |" in text
-    assert "made on dev only" in text and text.endswith("end -->\ny\n")
+    assert "old" not in text and text.endswith("end -->\ny\n")
+    for label in (
+        "ours, pre-norm",
+        "MarianMT (post-norm), best",
+        "nn.Transformer (pre-norm), plain",
+    ):
+        assert f"| small | 2 | {label} |" in text
+    done = 4 + sum(2 + 1 + (p["warmup"] != "400") for p in picks.values())  # pick ≠ plain: +1
+    assert f"({done} of {done} planned trainings recorded)" in text and "Appendix" in text
 
-    second, second_seconds = run()  # the same --out: every run is reused
-    assert second.count("skip ") == 7 and "peer step" not in second
-    assert json.loads(out.read_text())["proxies"]["long"]["comparisons"] == r["comparisons"]
-    assert second_seconds < first_seconds / 2
+    second = run("--docs", str(docs))  # every training is recorded: nothing runs
+    assert second.count("skip ") == done and "peer-pre step" not in second
+    assert "seq2seq train" not in second and "  recorded /" not in second
+    again = tmp_path / "again.md"  # the table from the records alone
+    again.write_text("<!-- compare.py quality: begin -->\n<!-- compare.py quality: end -->\n")
+    third = run("--from-records", "--docs", str(again))
+    assert "skip " not in third and again.read_text().split("begin -->")[1] == text.split(
+        "begin -->"
+    )[1].removesuffix("y\n")
 
 
 def test_quality_options_are_checked(tmp_path, capsys):
@@ -287,20 +308,227 @@ def test_quality_options_are_checked(tmp_path, capsys):
     import compare
     import compare_quality
 
+    plain = "the grid must hold the plain recipe's point (learning rate 0.001, warmup 400"
     for argv, message in (
         (["--proxies", "full,tiny"], "--proxies: unknown proxy 'tiny'"),
         (["--seeds", "1"], "--seeds 1: needs at least 2 values"),
         (["--seeds", "1,1"], "--seeds 1,1: a value is repeated"),
-        (["--peer-lrs", "1e-3"], "--peer-lrs 1e-3: needs at least 2 values"),
         (["--peer-lrs", "1e-3,x"], "--peer-lrs 1e-3,x: not a comma-separated list"),
+        (["--peer-lrs", "5e-4,2e-3"], plain),
+        (["--peer-warmups", "ours"], plain),
+        (["--peer-dropouts", "0.3,0.1"], plain),
+        (["--peer-warmups", "400,0"], "--peer-warmups 400,0: '0' is not a step count > 0"),
+        (["--peer-schedules", "rsqrt,cosine"], "'cosine' is not rsqrt or linear"),
+        (["--systems", "ours,peer"], "--systems ours,peer: 'ours' is not a system"),
+        (["--dev-check", "dropout"], "--dev-check dropout: not KEY=VALUE"),
         (["--corpus", str(tmp_path)], "train.en[.gz] is missing"),
         (["--config", "nowhere.yaml"], "--config nowhere.yaml"),
         (["--test-pairs", "50000"], "--test-pairs 50000: the 108126 groups of at most 8"),
     ):
-        args = compare.parse_args(["--quality", "--out", str(tmp_path / "q"), *argv])
+        args = compare.parse_args(
+            ["--quality", "--out", str(tmp_path / "q"), "--records", str(tmp_path / "r"), *argv]
+        )
         assert compare_quality.run(args, "machine", compare.write_docs) == 2, argv
         assert message in capsys.readouterr().err, argv
-    assert not (tmp_path / "q").exists()  # nothing was started
+    assert not (tmp_path / "q").exists() and not (tmp_path / "r").exists()  # nothing started
+
+
+def test_the_default_plan_holds_the_plain_point_and_says_its_hours(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import compare
+    import compare_quality
+    from quality_peers import PLAIN, GridPoint
+
+    args = compare.parse_args(["--quality", "--records", str(tmp_path)])
+    compare_quality.check(args)
+    grid = compare_quality.peer_grid(args)
+    assert len(grid) == 3 * 2 * 2 and PLAIN in grid  # rates × warmups × schedules
+    assert {p.schedule for p in grid} == {"rsqrt", "linear"} and {p.warmup for p in grid} == {
+        "400",
+        "ours",
+    }
+    # per proxy: ours 2 norms × 2 seeds; per peer 12 points + 1 dropout, then plain and pick
+    assert len(compare_quality.planned(args, "full")) == 4 + 2 * (12 + 1 + 2)
+    assert compare_quality.print_plan(args) == (68, 0)
+    # 8 runs of ours of 780 + 150 s, 60 of a peer of 900 + 150 s
+    hours = (8 * 930 + 60 * 1050) / 3600
+    assert f"plan: 68 trainings, 0 recorded, about {hours:.1f} h left" in capsys.readouterr().out
+    # the second stage: the pick with ours' dropout, only where it differs
+    best = {"point": PLAIN.to_json(), "dropout": 0.1}
+    assert compare_quality.second_stage(args, best, 0.1) == []
+    assert compare_quality.second_stage(args, best, 0.3) == [PLAIN._replace(dropout="ours")]
+    assert GridPoint(**best["point"]).name == "lr0.001-w400-rsqrt-d0.1"
+
+
+def test_our_recipe_is_read_at_the_runs_real_step_count(tmp_path):
+    """The peers' warmup share and the dropout check use the step count the time budget chose
+    (test.json), never config.yaml's provisional train.steps (issue 50: 192 of 960 = 20%
+    where the 400 s runs warmed up over 192 of ~460 steps)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from compare_quality import real_recipe
+
+    from seq2seq.config import load_config, replace, save_config
+
+    cfg = load_config(ROOT / "configs/tatoeba_en_es.yaml")
+    cfg = replace(
+        cfg,
+        data=replace(cfg.data, max_tokens=2048),
+        train=replace(cfg.train, steps=960, warmup_steps=192),
+        model=replace(cfg.model, dropout_rate=0.3),
+    )
+    save_config(cfg, tmp_path / "config.yaml")
+    (tmp_path / "test.json").write_text(json.dumps({"steps": 460, "step": 460}))
+    r = real_recipe(tmp_path, words=119_584)  # small's target-side words
+    assert r["steps"] == 460 and r["provisional_steps"] == 960 and r["warmup_steps"] == 192
+    assert r["warmup_share"] == pytest.approx(192 / 460)
+    # 0.02 × 460 × 2048 / 119,584 passes: 0.16, where the provisional 960 steps gave 0.3
+    assert r["dropout"] == 0.3 and r["dropout_at_real_steps"] == 0.16
+    (tmp_path / "test.json").unlink()
+    with pytest.raises(RuntimeError, match="test.json: missing"):
+        real_recipe(tmp_path, words=1)
+
+
+@pytest.mark.parametrize("arch", ["pre", "post"])
+def test_peers_have_ours_parameter_count_and_decode_as_their_forward(arch):
+    """Each peer counts exactly ours' trainable parameters at the same sizes and norm
+    placement; its step-by-step decoder gives the logits of its full forward (causal), and
+    extra source padding changes nothing."""
+    torch = pytest.importorskip("torch", reason="torch comes with the optional extra 'compare'")
+    pytest.importorskip("transformers", reason="it comes with the optional extra 'compare'")
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from quality_peers import build_peer, trainable_parameters
+
+    from seq2seq.config import load_config, replace
+    from seq2seq.model.positions import sinusoidal_embedding
+    from seq2seq.model.transformer import Transformer
+
+    m = replace(
+        load_config(ROOT / "configs/tatoeba_en_es.yaml").model,
+        d_model=32,
+        d_ff=64,
+        num_heads=2,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        vocab_size=50,
+        norm=arch,
+        dropout_rate=0.1,
+    )
+    ours = Transformer(m, rngs=nnx.Rngs(0))
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(ours, nnx.Param)))
+    torch.manual_seed(0)
+    peer = build_peer(arch, m, 50, 0.1, pad=0, bos=2, eos=3).eval()
+    assert trainable_parameters(peer) == count
+    src = torch.tensor([[5, 6, 7, 3], [8, 9, 3, 0]])
+    dec = torch.tensor([[2, 10, 11, 12], [2, 13, 14, 0]])
+    with torch.no_grad():
+        full = peer(src, dec)
+        memory, mask = peer.encode(src)
+        for j in range(dec.shape[1]):
+            step = peer.decode(memory, mask, dec[:, : j + 1])[:, -1]
+            torch.testing.assert_close(step, full[:, j], atol=1e-5, rtol=1e-5)
+        padded = torch.cat([src, torch.zeros(2, 3, dtype=torch.long)], dim=1)
+        torch.testing.assert_close(peer(padded, dec), full, atol=1e-5, rtol=1e-5)
+    if arch == "pre":  # ours' positions and one shared matrix
+        want = np.asarray(sinusoidal_embedding(np.arange(20), 32))
+        np.testing.assert_allclose(peer.positions[:20].numpy(), want, atol=1e-6)
+        assert peer.target_embed is peer.embed and peer.output is None
+
+
+def test_peer_beam_search_finds_the_best_scored_output_as_ours_defines_it():
+    """With beams enough to keep every live prefix, the peers' beam search returns the
+    output a brute-force search over all outputs scores best: Σ log p / ((5 + |Y|) / 6)^α,
+    EOS counted, PAD and BOS banned, only EOS at each row's limit."""
+    torch = pytest.importorskip("torch", reason="torch comes with the optional extra 'compare'")
+    import itertools
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from quality_peers import beam_search
+
+    vocab, pad, bos, eos = 6, 0, 1, 2
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(vocab, vocab, generator=g) * 2
+    w[:, eos] -= 2.5  # outputs longer than one token win sometimes
+    u, v = torch.randn(8, vocab, generator=g), torch.randn(3, vocab, generator=g)
+
+    class Toy:  # next-token logits from the last token, the position and the sentence
+        def encode(self, src):
+            return src.float(), src == pad
+
+        def decode(self, memory, mask, dec_in):
+            return w[dec_in] + u[: dec_in.shape[1]][None] + v[memory[:, 0].long()][:, None]
+
+    alpha = 0.6
+    penalty = [((5 + n) / 6) ** alpha for n in range(10)]
+
+    def brute(row, limit):
+        best = (-float("inf"), None)
+        for n in range(1, limit + 1):
+            for body in itertools.product((3, 4, 5), repeat=n - 1):
+                y = [*body, eos]
+                logp = torch.log_softmax(
+                    Toy().decode(torch.tensor([[row]]), None, torch.tensor([[bos, *y[:-1]]]))[0],
+                    -1,
+                )
+                score = sum(logp[j, y[j]].item() for j in range(n)) / penalty[n]
+                best = max(best, (score, y), key=lambda x: x[0])
+        return best[1]
+
+    src, limits = torch.tensor([[0, 5], [1, 5], [2, 5]]), [4, 3, 5]
+    found = beam_search(
+        Toy(), src, limits, beam=64, penalty=penalty, bos=bos, eos=eos, banned=[pad, bos]
+    )
+    assert found == [brute(r, n) for r, n in zip(range(3), limits)]
+    assert [len(y) for y in found] != [1, 1, 1]  # not only the empty output
+    narrow = beam_search(
+        Toy(), src, limits, beam=2, penalty=penalty, bos=bos, eos=eos, banned=[pad, bos]
+    )
+    assert all(y[-1] == eos and len(y) <= n for y, n in zip(narrow, limits))
+
+
+def test_pre_norm_peer_trains_and_translates_with_ours_settings(tmp_path):
+    """``train_peer`` on 300 pairs for 2 s: the pre-norm peer updates, takes ours' dropout
+    (``ours``), fixes its warmup from ours' share and translates every line."""
+    pytest.importorskip("torch", reason="torch comes with the optional extra 'compare'")
+    spm = pytest.importorskip("sentencepiece", reason="it comes with the optional extra")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from compare_quality import read_lines
+    from quality_peers import GridPoint, PeerSetup, train_peer
+
+    from seq2seq.config import load_config
+
+    en = read_lines(ROOT / "data/tatoeba-en-es/train.en")[:300]
+    es = read_lines(ROOT / "data/tatoeba-en-es/train.es")[:300]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(en + es),
+        model_prefix=str(tmp_path / "spm"),
+        vocab_size=150,
+        hard_vocab_limit=False,
+        pad_id=0,
+        unk_id=1,
+        bos_id=2,
+        eos_id=3,
+        minloglevel=2,
+    )
+    cfg = load_config(
+        ROOT / "configs/tatoeba_en_es.yaml",
+        ["model.d_model=32", "model.d_ff=64", "model.num_heads=2", "model.dropout_rate=0.2"]
+        + ["decode.max_len_a=0.3", "decode.max_len_b=3"],  # short: untrained, it never stops
+    )
+    setup = PeerSetup(cfg, tmp_path / "spm.model", warmup_share=0.25)
+    point = GridPoint(1e-3, "ours", "linear", "ours")
+    r = train_peer("pre", setup, (en, es), {"test": en[:7]}, 2.0, 2, 1, point)
+    assert r["steps"] >= 1 and r["dropout"] == 0.2 and r["warmup_steps"] >= 1
+    # linear: it stops at the end fixed after the warmup, or when the 2 s are up first
+    if r["horizon"] is None:
+        assert r["train_seconds"] >= 2.0 and r["steps"] < r["warmup_steps"]
+    else:
+        assert r["steps"] == r["horizon"] or r["train_seconds"] >= 2.0
+        assert r["warmup_steps"] <= r["steps"] <= r["horizon"]
+    assert len(r["hyps"]["test"]) == 7 and all(isinstance(h, str) for h in r["hyps"]["test"])
 
 
 @pytest.mark.slow  # ~1 min: the tiny preset's three programs on each side
