@@ -145,6 +145,7 @@ class Marian:
         import ctranslate2
         import torch
         import transformers
+        from quality_peers import ACTIVATIONS  # ours' model.activation → Hugging Face's name
         from tokenizers import Tokenizer, models
 
         m, train_cfg = spec["model"], spec["train"]
@@ -153,7 +154,7 @@ class Marian:
         config = transformers.MarianConfig(
             vocab_size=self.vocab + 1,
             **marian_sizes(m),
-            activation_function=m.activation,
+            activation_function=ACTIVATIONS[m.activation][0],
             dropout=m.dropout_rate,
             attention_dropout=m.attention_dropout_rate,
             activation_dropout=m.activation_dropout_rate,
