@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import os
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -121,6 +122,16 @@ DEVICES: dict[str, Device] = {
         "nvidia.com/en-us/data-center/h100 (80 GB, 3.35 TB/s, 1,979 TFLOPS bf16 with sparsity, "
         "NVLink 900 GB/s both directions)",
     ),
+    "h200": Device(
+        "NVIDIA H200 SXM",
+        141e9,
+        0.75,
+        989e12,
+        4.8e12,
+        450e9,
+        "nvidia.com/en-us/data-center/h200 (141 GB, 4.8 TB/s, 1,979 TFLOPS bf16 with sparsity, "
+        "NVLink 900 GB/s both directions)",
+    ),
 }
 
 
@@ -157,9 +168,22 @@ TARGETS: dict[str, Target] = {
         Target("tpu-v5p-32", "v5p", "tpu", "v5p:2x2x4", (2, 2, 1)),
         Target("tpu-v6e-8", "v6e", "tpu", "v6e:2x4", (2, 4, 1)),
         Target("h100x8", "h100", "cuda", "1x1x8"),
+        Target("h200x8", "h200", "cuda", "1x1x8"),
     )
 }
-GPU_SPECS = {"h100": "h100_sxm.txtpb"}  # GpuTargetConfigProto text, from XLA
+# H200 is H100's GH100 chip with more and faster HBM: XLA's two target configs differ in
+# these fields (and in names), so the H200 one is the H100 one with them replaced
+_GPU_MEMORY = {"h200": {"memory_bandwidth": 4_800_000_000_000, "device_memory_size": 151397597184}}
+
+
+def gpu_target_config(device: str) -> str:
+    """The ``GpuTargetConfigProto`` text of a ``DEVICES`` GPU: XLA's H100 SXM config
+    (``seq2seq/specs/h100_sxm.txtpb``), with ``_GPU_MEMORY``'s fields for the H200."""
+    text = (SPECS / "h100_sxm.txtpb").read_text(encoding="utf-8")
+    for field, value in _GPU_MEMORY.get(device, {}).items():
+        text, n = re.subn(rf"(?m)^(\s*{field}:)\s*\d+$", rf"\g<1> {value}", text)
+        assert n == 1, field
+    return text
 
 
 def target(name: str) -> Target:
@@ -181,8 +205,6 @@ def compile_only_devices(t: Target) -> tuple[Any, ...]:
       RuntimeError: the platform's compiler is not installed (libtpu for TPU targets,
         ``jax[cuda12]`` for GPU ones), with what to install.
     """
-    import os
-
     from jax.experimental import topologies
 
     # libtpu lets one process at a time load it (/tmp/libtpu_lockfile) unless told otherwise;
@@ -199,9 +221,8 @@ def compile_only_devices(t: Target) -> tuple[Any, ...]:
                 wrap=(False, False, False),
             )
         else:
-            spec = (SPECS / GPU_SPECS[t.device]).read_text(encoding="utf-8")
             topo = topologies.get_topology_desc(
-                platform="cuda", topology=t.topology, target_config=spec
+                platform="cuda", topology=t.topology, target_config=gpu_target_config(t.device)
             )
     except (RuntimeError, ValueError, NotImplementedError) as e:
         need = (
@@ -391,17 +412,26 @@ def compile_lowered(lowered: Any, config: Config, devices: int = 1) -> Compiled:
     return c
 
 
+def collectives_per_step(c: Compiled, loop_trips: int = 1) -> dict[str, tuple[int, float]]:
+    """Each collective kind's (count, bytes per device) in one run of the program: one inside
+    the loop counted ``loop_trips`` times (the micro-batches; XLA's text holds it once)."""
+    out = {}
+    for x in c.collectives:
+        count = x["count"] - x["in_loop"] + x["in_loop"] * loop_trips
+        out[x["kind"]] = (count, x["bytes"] / max(x["count"], 1) * count)
+    return out
+
+
 def roofline_seconds(c: Compiled, d: Device, loop_trips: int = 1) -> float:
     """The roofline lower bound of a compiled program's time: max(FLOPs ÷ peak, bytes
     accessed ÷ HBM bandwidth) per device, plus the collectives' bytes ÷ link bandwidth
     (all-reduce bytes twice: reduce, then gather), nothing overlapped and no efficiency lost:
     a real step is slower. ``loop_trips``: the trips of its loop (the micro-batches), whose
     body XLA counts once (see the module docstring)."""
-    link = 0.0
-    for x in c.collectives:
-        per = x["bytes"] / max(x["count"], 1)
-        moved = per * (x["count"] - x["in_loop"] + x["in_loop"] * loop_trips)
-        link += moved * (2 if x["kind"] == "all-reduce" else 1)
+    link = sum(
+        b * (2 if kind == "all-reduce" else 1)
+        for kind, (_, b) in collectives_per_step(c, loop_trips).items()
+    )
     compute = c.xla_flops * loop_trips / d.flops
     # bytes before fusion overstate the traffic: left out, so the bound stays a lower bound
     exact = c.cost_source == "compiled"
@@ -527,9 +557,11 @@ def plan(
     mesh: Sequence[int] | None = None,
     *,
     decode: bool = True,
+    train: Compiled | None = None,
 ) -> Plan:
     """Compile ``config``'s train step (and, with ``decode``, its test decode's chunk) for
     ``target_name`` on ``mesh`` (data, fsdp, tensor; None: the config's ``mesh`` section).
+    ``train``: the train step's figures from an earlier compile on this mesh, kept as they are.
 
     Raises:
       ConfigError: an unknown target. MeshError: a mesh that does not fit the devices, the
@@ -540,15 +572,18 @@ def plan(
     partitioner = partitioner_for(config, devices, mesh)
     context = train_context(config, partitioner)
     accum, rows, length = context.batch_shape()
-    programs = [context.lower()]
+    programs = [] if train is not None else [context.lower()]
     shape = (0, 0, 0)
     if decode:
         lowered, shape = _decode_program(context)
         programs.append(lowered)
     # two compiles at once: XLA compiles outside the GIL, and the step's dominates
-    with ThreadPoolExecutor(len(programs)) as pool:
+    with ThreadPoolExecutor(max(1, len(programs))) as pool:
         n = len(devices)
-        train, *dec = pool.map(lambda low: compile_lowered(low, config, n), programs)
+        compiled = list(pool.map(lambda low: compile_lowered(low, config, n), programs))
+    if train is None:
+        train = compiled.pop(0)
+    dec = compiled
     analytic = train_flops_per_step(config.model, accum * rows, length, length)
     sizes = tuple(int(partitioner.mesh.shape[a]) for a in MESH_AXES)
     return Plan(t, sizes, accum, rows, length, train, dec[0] if dec else None, shape, analytic)  # type: ignore[arg-type]
@@ -600,36 +635,48 @@ class Search:
 
 
 def search(
-    config: Config, target_name: str, *, max_micro_batches: int = 16, progress: Any = None
+    config: Config,
+    target_name: str,
+    *,
+    max_micro_batches: int = 16,
+    progress: Any = None,
+    jobs: int | None = None,
 ) -> Search:
     """The mesh planner: each (data, fsdp, tensor) factorisation of the target's devices
     (``meshes``) with the fewest extra micro-batches that fit (``micro_batch_options``,
     at most ``max_micro_batches`` times more; more micro-batches only cost time), ranked by
     the predicted step time. The decode is compiled for the chosen mesh only.
-    ``progress(line)`` is told of each compile.
+    ``progress(line)`` is told of each compile; ``jobs`` meshes compile at once (None: one per
+    core).
 
     Raises:
       ConfigError / RuntimeError: as ``plan``.
     """
     t = target(target_name)
     n = len(compile_only_devices(t))
-    tried: list[tuple[Config, Plan]] = []
     default = None
-    for shape in meshes(config, n):
+
+    def candidates(shape: tuple[int, int, int]) -> list[tuple[Config, Plan]]:
+        out = []
         for k in micro_batch_options(config, shape[0] * shape[1]):
             if k > max_micro_batches:
                 break
             cfg = config if k == 1 else with_micro_batches(config, k)
             p = plan(cfg, target_name, shape, decode=False)
-            tried.append((cfg, p))
+            out.append((cfg, p))
             if progress is not None:
                 progress(f"  {format_row(p)}")
             if p.fits:
                 break
+        return out
+
+    # one mesh per core at a time: a compile keeps about one core busy, outside the GIL
+    with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
+        tried = [x for found in pool.map(candidates, meshes(config, n)) for x in found]
     ranked = sorted((x for x in tried if x[1].fits), key=lambda x: x[1].step_seconds)
     if ranked:
         cfg, best = ranked[0]
-        ranked[0] = (cfg, plan(cfg, target_name, best.mesh))
+        ranked[0] = (cfg, plan(cfg, target_name, best.mesh, train=best.train))
     try:  # the config's own mesh, compiled above unless it is not a factorisation tried
         mine = mesh_shape(config.mesh, n)
         default = next((p for c, p in tried if p.mesh == mine and c is config), None)

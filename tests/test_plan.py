@@ -92,6 +92,28 @@ ENTRY %main.2 (a: bf16[8,256]) -> bf16[64,256] {
     assert found["reduce-scatter"]["bytes"] == 8 * 256 * 2
 
 
+def test_collectives_per_step_count_a_loop_body_once_per_micro_batch():
+    c = plan.Compiled(
+        collectives=[
+            {"kind": "all-reduce", "count": 3, "bytes": 300, "in_loop": 2},
+            {"kind": "all-gather", "count": 1, "bytes": 50, "in_loop": 0},
+        ]
+    )
+    # 1 outside the loop + 2 inside × 4 trips, 100 bytes each
+    assert plan.collectives_per_step(c, 4) == {"all-reduce": (9, 900.0), "all-gather": (1, 50.0)}
+    d = plan.Device("x", 1e9, 1.0, 1e12, 1e9, 1e3, "test")
+    assert plan.roofline_seconds(c, d, 4) == pytest.approx((2 * 900 + 50) / 1e3)
+
+
+def test_h200_target_config_is_h100s_with_its_memory():
+    h100 = plan.gpu_target_config("h100").splitlines()
+    h200 = plan.gpu_target_config("h200").splitlines()
+    changed = {a.split(":")[0].strip(): b.split(":")[1].strip()
+               for a, b in zip(h100, h200, strict=True) if a != b}  # fmt: skip
+    assert changed == {"memory_bandwidth": "4800000000000", "device_memory_size": "151397597184"}
+    assert plan.TARGETS["h200x8"].figures.memory == 141e9
+
+
 def test_micro_batch_splits_keep_the_tokens_per_step_and_whole_rows_per_device():
     c = config(*TINY)  # 32 rows of 32 tokens
     assert plan.micro_batch_options(c, 8) == [1, 2, 4]
