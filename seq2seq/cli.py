@@ -1188,6 +1188,10 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     report memory, FLOPs, collectives and a roofline step time (``seq2seq.plan``)."""
     import os
 
+    # the compilers come from libtpu / the CUDA plugin; the host's default backend stays the
+    # CPU. Set before jax is imported (seq2seq.plan imports it), which reads it then: set
+    # later, the CUDA plugin starts on a machine without a driver and registers no topology
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from seq2seq.plan import TARGETS
 
     parser = argparse.ArgumentParser(
@@ -1208,8 +1212,6 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    # the compilers come from libtpu / the CUDA plugin; the host's default backend stays the CPU
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     _setup_logging()
     import json
 

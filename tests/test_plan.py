@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -214,7 +216,17 @@ def test_search_finds_a_mesh_where_the_default_does_not_fit():
     importlib.util.find_spec("jax_cuda12_plugin") is None,
     reason="jax_cuda12_plugin is not installed (pip install -e '.[cuda12]')",
 )
-def test_cuda_target_compiles_without_a_gpu():
+def test_cuda_target_compiles_without_a_gpu(tmp_path):
+    # the command as a user runs it (no JAX_PLATFORMS in the environment): it must keep the
+    # CUDA plugin from starting on a machine without a driver
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    out = tmp_path / "plan.json"
+    cmd = [sys.executable, "-m", "seq2seq", "plan", "--config", "configs/tatoeba_en_es.yaml"]
+    cmd += [*TINY, "--target", "h200x8", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads(out.read_text())["plan"]
+    assert r["fits"] and r["devices"] == 8 and r["usable_memory"] == 0.75 * 141e9
     p = plan.plan(config(*TINY), "h100x8", decode=False)
     assert p.devices == 8 and p.fits and p.train.peak > 0
     # no cost analysis for a compile-only GPU program: the unpartitioned one's, ÷ 8
