@@ -1,4 +1,4 @@
-"""scripts/benchmark.py runs end to end on tiny shapes (``--smoke``) and emits every field.
+"""benchmarks/benchmark.py runs end to end on tiny shapes (``--smoke``) and emits every field.
 
 Speed and memory goals are not asserted here (they live in docs/benchmarks.md and issue #8);
 this only checks that the script works and that its JSON has the documented layout.
@@ -103,7 +103,8 @@ def _has(d, keys, where):
 
 
 def _smoke_run(tmp_path, *args):
-    """``scripts/benchmark.py --smoke *args``: its JSON and its stdout (it must exit 0)."""
+    """``python -m benchmarks.benchmark --smoke *args``: its JSON and its stdout (it must exit
+    0)."""
     out = tmp_path / "bench.json"
     # Unoptimised XLA code compiles about twice as fast; a smoke run measures nothing.
     env = {
@@ -111,7 +112,7 @@ def _smoke_run(tmp_path, *args):
         "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
     }
     proc = subprocess.run(
-        [sys.executable, "scripts/benchmark.py", "--smoke", *args, "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.benchmark", "--smoke", *args, "--out", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -1,4 +1,4 @@
-"""scripts/compare.py on tiny shapes (``--smoke``): the peers build, convert and run beside ours,
+"""benchmarks/compare.py on tiny shapes (``--smoke``): the peers build, convert and run beside ours,
 and the JSON and the table have their layout. Speed is not asserted here (docs/benchmarks.md)."""
 
 import json
@@ -23,7 +23,7 @@ def test_without_the_extra_it_says_what_to_install(tmp_path):
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
     proc = subprocess.run(
-        [sys.executable, "scripts/compare.py", "--smoke"],
+        [sys.executable, "-m", "benchmarks.compare", "--smoke"],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
         capture_output=True,
@@ -47,7 +47,8 @@ def test_smoke_times_every_pair(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            "scripts/compare.py",
+            "-m",
+            "benchmarks.compare",
             "--smoke",
             "--json",
             str(out),
@@ -87,7 +88,7 @@ def test_smoke_times_every_pair(tmp_path):
     assert 0 < r["rounds"][0]["smoke bfloat16"]["train"]["ours"]["mfu"] < 1
 
     text = docs.read_text()
-    assert text.startswith(f"before\n{BEGIN}\nMeasured by `scripts/compare.py`")
+    assert text.startswith(f"before\n{BEGIN}\nMeasured by `benchmarks/compare.py`")
     assert text.endswith(f"{END}\nafter\n") and "old table" not in text
     assert "ours float32 against PyTorch float32" in text and "bfloat16 autocast" in text
     for variant in ("smoke float32", "smoke bfloat16"):
@@ -98,8 +99,7 @@ def test_smoke_times_every_pair(tmp_path):
 def test_pytorch_autocast_runs_its_matmuls_in_bfloat16():
     """The bfloat16 row's peer really computes in bfloat16 (autocast), the float32 row's not."""
     torch = pytest.importorskip("torch", reason="torch comes with the optional extra 'compare'")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from compare import Marian
+    from benchmarks.peers import Marian
 
     layer = torch.nn.Linear(4, 4)
     x = torch.ones(2, 4)
@@ -110,8 +110,7 @@ def test_pytorch_autocast_runs_its_matmuls_in_bfloat16():
 
 
 def test_joined_pairs_stay_aligned_and_use_every_line():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from compare_quality import join_consecutive
+    from benchmarks.compare_quality import join_consecutive
 
     src = [f"s{i}" for i in range(101)]
     tgt = [f"t{i}" for i in range(101)]
@@ -148,8 +147,7 @@ def _shared_corpus():
 
 
 def test_carved_heldout_sets_are_whole_groups_kept_out_of_every_proxys_training():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from compare_quality import PROXIES, carve_heldout, proxy_splits, sentence_key
+    from benchmarks.compare_quality import PROXIES, carve_heldout, proxy_splits, sentence_key
 
     en, es = _shared_corpus()
     carved = carve_heldout(en, es, pairs=40)
@@ -189,8 +187,7 @@ def test_carved_heldout_sets_are_whole_groups_kept_out_of_every_proxys_training(
 
 
 def test_peer_schedules_warm_up_then_decay_as_their_formulas_say():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from quality_peers import horizon_for_seconds, linear_rate, rsqrt_rate, warmup_from_share
+    from benchmarks.peers import horizon_for_seconds, linear_rate, rsqrt_rate, warmup_from_share
 
     peak, warmup, end = 2e-3, 10, 50
     assert linear_rate(0, peak, warmup, None) == pytest.approx(peak / warmup)
@@ -233,7 +230,7 @@ def test_quality_comparison_records_each_training_and_resumes_from_the_records(t
     docs.write_text(
         "x\n<!-- compare.py quality: begin -->\nold\n<!-- compare.py quality: end -->\ny\n"
     )
-    argv = [sys.executable, "scripts/compare.py", "--quality", "--proxies", "small"]
+    argv = [sys.executable, "-m", "benchmarks.compare", "--quality", "--proxies", "small"]
     argv += ["--limit-lines", "40", "--out", str(tmp_path / "q"), "--records", str(records)]
     argv += ["--seeds", "1,2", "--budget", "0", "--peer-seconds", "2"]
     argv += ["--peer-lrs", "1e-3", "--peer-warmups", "400,ours", "--peer-schedules", "rsqrt"]
@@ -304,9 +301,7 @@ def test_quality_comparison_records_each_training_and_resumes_from_the_records(t
 
 
 def test_quality_options_are_checked(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import compare
-    import compare_quality
+    from benchmarks import compare, compare_quality
 
     plain = "the grid must hold the plain recipe's point (learning rate 0.001, warmup 400"
     for argv, message in (
@@ -328,16 +323,14 @@ def test_quality_options_are_checked(tmp_path, capsys):
         args = compare.parse_args(
             ["--quality", "--out", str(tmp_path / "q"), "--records", str(tmp_path / "r"), *argv]
         )
-        assert compare_quality.run(args, "machine", compare.write_docs) == 2, argv
+        assert compare_quality.run(args, "machine") == 2, argv
         assert message in capsys.readouterr().err, argv
     assert not (tmp_path / "q").exists() and not (tmp_path / "r").exists()  # nothing started
 
 
 def test_the_default_plan_holds_the_plain_point_and_says_its_hours(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import compare
-    import compare_quality
-    from quality_peers import PLAIN, GridPoint
+    from benchmarks import compare, compare_quality
+    from benchmarks.peers import PLAIN, GridPoint
 
     args = compare.parse_args(["--quality", "--records", str(tmp_path)])
     compare_quality.check(args)
@@ -364,9 +357,7 @@ def test_our_recipe_is_read_at_the_runs_real_step_count(tmp_path):
     """The peers' warmup share and the dropout check use the step count the time budget chose
     (test.json), never config.yaml's provisional train.steps (issue 50: 192 of 960 = 20%
     where the 400 s runs warmed up over 192 of ~460 steps)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from compare_quality import real_recipe
-
+    from benchmarks.compare_quality import real_recipe
     from seq2seq.config import load_config, replace, save_config
 
     cfg = load_config(ROOT / "configs/tatoeba_en_es.yaml")
@@ -399,9 +390,7 @@ def test_peers_have_ours_parameter_count_and_decode_as_their_forward(arch):
     import numpy as np
     from flax import nnx
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from quality_peers import build_peer, trainable_parameters
-
+    from benchmarks.peers import build_peer, trainable_parameters
     from seq2seq.config import load_config, replace
     from seq2seq.model.positions import sinusoidal_embedding
     from seq2seq.model.transformer import Transformer
@@ -445,8 +434,7 @@ def test_peer_beam_search_finds_the_best_scored_output_as_ours_defines_it():
     torch = pytest.importorskip("torch", reason="torch comes with the optional extra 'compare'")
     import itertools
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from quality_peers import beam_search
+    from benchmarks.peers import beam_search
 
     vocab, pad, bos, eos = 6, 0, 1, 2
     g = torch.Generator().manual_seed(0)
@@ -494,10 +482,8 @@ def test_pre_norm_peer_trains_and_translates_with_ours_settings(tmp_path):
     (``ours``), fixes its warmup from ours' share and translates every line."""
     pytest.importorskip("torch", reason="torch comes with the optional extra 'compare'")
     spm = pytest.importorskip("sentencepiece", reason="it comes with the optional extra")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from compare_quality import read_lines
-    from quality_peers import GridPoint, PeerSetup, train_peer
-
+    from benchmarks.compare_quality import read_lines
+    from benchmarks.peers import GridPoint, PeerSetup, train_peer
     from seq2seq.config import load_config
 
     en = read_lines(ROOT / "data/tatoeba-en-es/train.en")[:300]
@@ -533,12 +519,11 @@ def test_pre_norm_peer_trains_and_translates_with_ours_settings(tmp_path):
 
 @pytest.mark.slow  # ~1 min: the tiny preset's three programs on each side
 def test_step_profile_times_nested_programs_of_both_sides(tmp_path):
-    """``scripts/profile_step.py``: on each side the forward alone takes less than the whole
+    """``benchmarks/profile_step.py``: on each side the forward alone takes less than the whole
     step that contains it (the programs are nested as the phases assume)."""
     for name in ("torch", "transformers", "ctranslate2"):
         pytest.importorskip(name, reason=f"{name} comes with the optional extra 'compare'")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import profile_step
+    from benchmarks import profile_step
 
     result = profile_step.profile("tiny", calls=1, threads=2, directory=tmp_path)
     for side in ("ours", "pytorch"):

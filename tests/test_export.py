@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from tiny_run import DATA, ROOT, cli_env, run, tiny_overrides, train_command, write_corpus
+from tiny_run import DATA, cli_env, run, tiny_overrides, train_command, write_corpus
 
 from seq2seq import cli
 from seq2seq.__main__ import main
@@ -412,9 +412,7 @@ def test_ctranslate2_translates_a_trained_run_as_we_do(tmp_path, variant):
     for i in same:
         assert abs(ours[i][0].score - theirs[i][1]) < 1e-4
     if variant == "default":  # the script check, on the run's test split (8 sentences here)
-        sys.path.insert(0, str(ROOT / "scripts"))
-        import export_check
-
+        from benchmarks import export_check
         from seq2seq.evaluation import score
 
         report = tmp_path / "check.json"

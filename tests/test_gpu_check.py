@@ -1,4 +1,4 @@
-"""``scripts/gpu_check.sh --dry``: the GPU check's every section runs on CPU at tiny sizes."""
+"""``tools/gpu_check.sh --dry``: the GPU check's every section runs on CPU at tiny sizes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_the_gpu_check_runs_dry_on_cpu(tmp_path):
     proc = subprocess.run(
-        [str(ROOT / "scripts" / "gpu_check.sh"), "--dry"],
+        [str(ROOT / "tools" / "gpu_check.sh"), "--dry"],
         env=cli_env(PYTHON=sys.executable, OUT=str(tmp_path)),
         capture_output=True,
         text=True,

@@ -8,7 +8,7 @@ import sys
 import pytest
 from tiny_run import ROOT
 
-PATHS = ["seq2seq", "scripts", "tests"]
+PATHS = ["seq2seq", "benchmarks", "tools", "tests"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -1,5 +1,6 @@
-"""``scripts/benchmark.py --long`` (scripts/long_inputs.py) runs and reports what its docs say:
-memory_analysis of dense and chunked per length, the notes' n² × 2-byte figures, the curve."""
+"""``python -m benchmarks.benchmark --long`` (benchmarks/long_inputs.py) runs and reports what
+its docs say: memory_analysis of dense and chunked per length, the notes' n² × 2-byte figures,
+the curve."""
 
 import json
 import subprocess
@@ -15,7 +16,8 @@ def test_long_benchmark_runs_and_reports_the_growth(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "benchmark.py"),
+            "-m",
+            "benchmarks.benchmark",
             "--long",
             "--lengths",
             "1024,2048",

@@ -36,7 +36,7 @@ SHORT = ["Tom is here.", "Yes.", "Él no está aquí."]  # one width bucket (16 
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("load_test", ROOT / "scripts" / "load_test.py")
+    spec = importlib.util.spec_from_file_location("load_test", ROOT / "tools" / "load_test.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

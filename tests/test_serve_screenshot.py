@@ -1,4 +1,4 @@
-"""scripts/serve_screenshot.py: the README's picture of the web page, taken from a run."""
+"""tools/serve_screenshot.py: the README's picture of the web page, taken from a run."""
 
 import importlib.util
 import os
@@ -13,7 +13,7 @@ from seq2seq import cli
 
 
 def _load_script():
-    path = ROOT / "scripts" / "serve_screenshot.py"
+    path = ROOT / "tools" / "serve_screenshot.py"
     spec = importlib.util.spec_from_file_location("serve_screenshot", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

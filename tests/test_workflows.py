@@ -1,4 +1,4 @@
-"""scripts/workflows.py: the back-translation and distillation recipes run end to end with tiny
+"""benchmarks/workflows.py: the back-translation and distillation recipes run end to end with tiny
 models (``--smoke``), each stage a real command; the pages report what the stages wrote."""
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ import pytest
 import yaml
 from tiny_run import ROOT, cli_env
 
+from benchmarks import workflows
 from seq2seq.data.batching import MIX_BLOCK, MixedBatches
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import workflows  # noqa: E402
 
 
 def test_summary_reads_deltas_p_values_and_speeds_from_the_report():
@@ -110,7 +108,7 @@ def _spm_sha256(run: Path) -> str:
 
 def _smoke(recipe: str, *extra: str) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [sys.executable, "scripts/workflows.py", recipe, "--smoke", *extra],
+        [sys.executable, "-m", "benchmarks.workflows", recipe, "--smoke", *extra],
         cwd=ROOT,
         env=cli_env(),
         capture_output=True,

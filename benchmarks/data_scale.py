@@ -25,8 +25,8 @@ target tokens/s of ``train_batch`` laid out from the resumed run's store on one 
 
 Usage::
 
-    python scripts/data_scale.py --pairs 1000000 --out /tmp/scale
-    python scripts/data_scale.py --pairs 4500000 --out /tmp/scale --processes 4
+    python -m benchmarks.data_scale --pairs 1000000 --out /tmp/scale
+    python -m benchmarks.data_scale --pairs 4500000 --out /tmp/scale --processes 4
 
 Prints a JSON record and writes ``<out>/data_scale_<pairs>[_<K>p].json``.
 """
@@ -217,7 +217,6 @@ def run_to_first_step(
 def loader_speed(workdir: Path, batches: int = 200) -> dict:
     """Target tokens/s of ``train_batch`` on one thread, from the run's token store (the
     resumed run's data, read as a resume reads it)."""
-    sys.path.insert(0, str(ROOT))
     from seq2seq.config import load_config
     from seq2seq.data.pipeline import prepare
     from seq2seq.training.batches import train_batch

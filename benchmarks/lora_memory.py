@@ -13,8 +13,8 @@ a trained tokenizer gives) and a null ``model.dropout_rate`` 0.1 (no parameter d
 
 Usage::
 
-    python scripts/lora_memory.py
-    python scripts/lora_memory.py --config configs/tatoeba_en_es.yaml --rank 4 --rank 16
+    python -m benchmarks.lora_memory
+    python -m benchmarks.lora_memory --config configs/tatoeba_en_es.yaml --rank 4 --rank 16
 """
 
 from __future__ import annotations

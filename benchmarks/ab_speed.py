@@ -2,15 +2,16 @@
 """Equal-work training speed of two checkouts of this repository, run alternately (issue 36:
 "equal-work speed before/after in one run within noise").
 
-Each round runs ``scripts/benchmark.py --only train --preset tatoeba`` of checkout A, then of
-checkout B (each its own code, from its own directory): the shipped preset's train step on the
-real corpus with packing, ``--steps`` timed steps after ``--warmup``, bfloat16 matmul operands as
-the preset trains. It prints each run's median step time and, per checkout, the median over the
-rounds and their ratio B / A, with the date and machine.
+Each round runs ``python -m benchmarks.benchmark --only train --preset tatoeba`` (in older
+checkouts ``scripts/benchmark.py``) of checkout A, then of checkout B (each its own code, from
+its own directory): the shipped preset's train step on the real corpus with packing,
+``--steps`` timed steps after ``--warmup``, bfloat16 matmul operands as the preset trains. It
+prints each run's median step time and, per checkout, the median over the rounds and their
+ratio B / A, with the date and machine.
 
 Usage::
 
-    python scripts/ab_speed.py --a /path/to/old/checkout --b . --rounds 3 --steps 20
+    python -m benchmarks.ab_speed --a /path/to/old/checkout --b . --rounds 3 --steps 20
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
+
+from benchmarks.harness import cpus_line
 
 
 def _medians(node) -> list[float]:
@@ -41,9 +43,11 @@ def step_time(checkout: Path, steps: int, warmup: int, cache: Path) -> float:
     """Median seconds per train step of ``checkout``'s benchmark of the preset."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
+        moved = (checkout / "benchmarks" / "benchmark.py").exists()
+        script = ["-m", "benchmarks.benchmark"] if moved else ["scripts/benchmark.py"]  # older
         cmd = [
             sys.executable,
-            "scripts/benchmark.py",
+            *script,
             "--only",
             "train",
             "--preset",
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r + 1} {name}: {t:.3f} s/step", file=sys.stderr, flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+    machine = cpus_line()
     print(f"{when}, {machine}, load average at the end {os.getloadavg()[0]:.2f}")
     print(f"A = {a.a}: {', '.join(f'{t:.3f}' for t in times['A'])} s/step (median {med['A']:.3f})")
     print(f"B = {a.b}: {', '.join(f'{t:.3f}' for t in times['B'])} s/step (median {med['B']:.3f})")

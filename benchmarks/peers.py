@@ -1,4 +1,4 @@
-"""The peers of the quality comparison (``scripts/compare_quality.py``, issues 21, 35 and 50):
+"""The peers of the quality comparison (``benchmarks/compare_quality.py``, issues 21, 35 and 50):
 two PyTorch models of our run's sizes on its SentencePiece pieces, their training recipe and
 grid points, their trainer, and a beam search with our decoding rules.
 
@@ -335,7 +335,6 @@ def build_peer(arch: str, m: Any, vocab: int, dropout: float, pad: int, bos: int
     if arch != "post":
         raise ValueError(f"unknown peer {arch!r}; choose from {', '.join(ARCHS)}")
     import transformers
-    from compare import marian_sizes
 
     check_peer_config("post", m)
     model = transformers.MarianMTModel(
@@ -675,3 +674,180 @@ def peer_translate(model, sp, sources: list[str], decode: Any, sentences: int = 
         for i, row in zip(chunk, best):
             hyps[i] = sp.decode([t for t in row if t != eos])
     return hyps
+
+
+# -- the speed peer (compare.py, profile_step.py) -------------------------------------------------
+
+
+def marian_sizes(m: Any) -> dict[str, int]:
+    """``transformers.MarianConfig``'s size fields for our ``ModelConfig`` ``m`` (our encoder
+    and decoder share the head count and d_ff)."""
+    return dict(
+        d_model=m.d_model,
+        encoder_layers=m.num_encoder_layers,
+        decoder_layers=m.num_decoder_layers,
+        encoder_attention_heads=m.num_heads,
+        decoder_attention_heads=m.num_heads,
+        encoder_ffn_dim=m.d_ff,
+        decoder_ffn_dim=m.d_ff,
+    )
+
+
+class Marian:
+    """A randomly initialised MarianMT of a preset's sizes, and its CTranslate2 conversion.
+
+    Token ids are ours (random tokens ≥ ``FIRST_TOKEN``), with Marian's specials: EOS = 0,
+    UNK = 1, and PAD = ``vocab`` as the last row (also the decoder start, as in Marian models).
+
+    Args:
+      spec: a preset as ``Bench.fixed`` gives it (``model`` a ``ModelConfig``, ``train`` a
+        ``TrainConfig``).
+      directory: where the Hugging Face model and its conversion are written.
+      threads: CTranslate2's intra-op threads.
+    """
+
+    def __init__(self, spec: dict[str, Any], directory: Path, threads: int):
+        import ctranslate2
+        import torch
+        import transformers
+        from tokenizers import Tokenizer, models
+
+        m, train_cfg = spec["model"], spec["train"]
+        self.vocab, self.train_cfg = m.vocab_size, train_cfg
+        self.pad = self.vocab
+        config = transformers.MarianConfig(
+            vocab_size=self.vocab + 1,
+            **marian_sizes(m),
+            activation_function=ACTIVATIONS[m.activation][0],  # ours' name → Hugging Face's
+            dropout=m.dropout_rate,
+            attention_dropout=m.attention_dropout_rate,
+            activation_dropout=m.activation_dropout_rate,
+            max_position_embeddings=m.max_len,
+            scale_embedding=True,
+            pad_token_id=self.pad,
+            eos_token_id=0,
+            decoder_start_token_id=self.pad,
+            forced_eos_token_id=0,
+        )
+        torch.manual_seed(train_cfg.seed)
+        self.model = transformers.MarianMTModel(config)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=train_cfg.learning_rate,
+            betas=(train_cfg.b1, train_cfg.b2),
+            eps=train_cfg.eps,
+            weight_decay=train_cfg.weight_decay,
+        )
+        # A word-level tokenizer over the ids, saved beside the model: the converter reads the
+        # vocabulary and the special tokens from it.
+        self.tokens = ["</s>", "<unk>"] + [f"t{i}" for i in range(2, self.vocab)] + ["<pad>"]
+        tokenizer = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer(
+                models.WordLevel({t: i for i, t in enumerate(self.tokens)}, unk_token="<unk>")
+            ),
+            eos_token="</s>",
+            unk_token="<unk>",
+            pad_token="<pad>",
+        )
+        hf_dir, ct2_dir = directory / "marian", directory / "ctranslate2"
+        self.model.save_pretrained(hf_dir)
+        tokenizer.save_pretrained(hf_dir)
+        ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(str(ct2_dir), force=True)
+        self.translators = {
+            f"ct2_{kind}": ctranslate2.Translator(
+                str(ct2_dir),
+                device="cpu",
+                compute_type=kind,
+                intra_threads=threads,
+                inter_threads=1,
+            )
+            for kind in ("float32", "int8")
+        }
+
+    def ids(self, ours):
+        """Our int32 token array as Marian's int64 ids (our EOS → Marian's EOS 0)."""
+        import torch
+
+        from seq2seq.data.tokenizer import EOS_ID
+
+        return torch.from_numpy(ours).long().masked_fill(torch.from_numpy(ours == EOS_ID), 0)
+
+    @staticmethod
+    def autocast(precision: str):
+        """PyTorch's mixed precision for ``precision`` (a no-op context for float32)."""
+        import torch
+
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16")
+
+    def train_seconds(self, batches: list[dict], warmup: int, precision: str) -> list[float]:
+        """Seconds of each training step on ``batches`` after the first ``warmup``; the forward
+        pass and the loss under ``autocast(precision)``, as PyTorch's AMP recipe does."""
+        import torch
+        import torch.nn.functional as F
+
+        self.model.train()
+        times = []
+        for i, batch in enumerate(batches):
+            src, tgt = self.ids(batch["src"]), self.ids(batch["tgt"])
+            start = torch.full_like(tgt[:, :1], self.pad)
+            t = time.perf_counter()
+            with self.autocast(precision):
+                logits = self.model(
+                    input_ids=src,
+                    attention_mask=torch.ones_like(src),
+                    decoder_input_ids=torch.cat([start, tgt[:, :-1]], 1),
+                ).logits
+                loss = F.cross_entropy(
+                    logits.flatten(0, 1).float(),
+                    tgt.flatten(),
+                    label_smoothing=self.train_cfg.label_smoothing,
+                )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm)
+            self.optimizer.step()
+            if i >= warmup:
+                times.append(time.perf_counter() - t)
+        return times
+
+    def decode_seconds(
+        self, system: str, src, beam: int, repeats: int, precision: str
+    ) -> list[float]:
+        """Seconds of each of ``repeats`` calls (after an untimed one) decoding ``src``
+        (int32 ``[n, length]``, ours) into exactly ``length`` tokens per sentence; PyTorch under
+        ``autocast(precision)``."""
+        import torch
+
+        length = src.shape[1]
+        if system == "pytorch":
+            self.model.eval()
+            ids = self.ids(src)
+
+            def call():
+                with torch.inference_mode(), self.autocast(precision):
+                    out = self.model.generate(
+                        input_ids=ids,
+                        attention_mask=torch.ones_like(ids),
+                        num_beams=beam,
+                        do_sample=False,
+                        max_new_tokens=length,
+                        min_new_tokens=length,
+                    )
+                assert out.shape[1] == length + 1, out.shape  # the start token + length
+        else:
+            tokens = [[self.tokens[i] for i in row] for row in self.ids(src).tolist()]
+            translator = self.translators[system]
+
+            def call():
+                out = translator.translate_batch(
+                    tokens, beam_size=beam, max_decoding_length=length, min_decoding_length=length
+                )
+                assert all(len(r.hypotheses[0]) == length for r in out)
+
+        call()
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t)
+        return times

@@ -19,9 +19,9 @@ machine and the command) and to standard output.
 
 Usage::
 
-    python scripts/lora_adapt.py --base runs/tatoeba_en_es --train adapt/train \\
+    python -m benchmarks.lora_adapt --base runs/tatoeba_en_es --train adapt/train \\
         --dev adapt/dev --test adapt/test --steps 400
-    python scripts/lora_adapt.py --smoke        # a tiny base and corpus, a few steps (minutes)
+    python -m benchmarks.lora_adapt --smoke        # a tiny base and corpus, a few steps (minutes)
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ import datetime
 import gzip
 import json
 import os
-import platform
 import re
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks.harness import cpu_name, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "data" / "tatoeba-en-es"
@@ -70,26 +70,6 @@ class Result:
     moment_bytes: int | None = None
     peak_rss_mib: float | None = None
     train_seconds: float | None = None
-
-
-def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
-def run_command(command: list[str], log: Path) -> tuple[str, float]:
-    """Run ``python -m seq2seq COMMAND`` to completion; (its standard output, peak RSS in MiB
-    of that process, from ``wait4``). Raises SystemExit with the log's tail on failure."""
-    full = [sys.executable, "-m", "seq2seq", *command]
-    print("$", shlex.join(full), flush=True)
-    with open(log, "w", encoding="utf-8") as err:
-        proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=err, text=True, env=_env())
-        out = proc.stdout.read() if proc.stdout else ""
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        tail = log.read_text(encoding="utf-8")[-3000:]
-        raise SystemExit(f"{shlex.join(full)} failed ({proc.returncode}):\n{tail}")
-    return out, usage.ru_maxrss / 1024.0  # kilobytes on Linux
 
 
 def _scores(out: str) -> tuple[float, float]:
@@ -176,16 +156,6 @@ def adapt(args: argparse.Namespace) -> list[Result]:
             )
         )
     return results
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def table(results: list[Result], args: argparse.Namespace, command: str) -> str:
@@ -290,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", default="docs/lora_adaptation.md", help="the table (markdown)")
     parser.add_argument("--smoke", action="store_true", help="tiny base, corpus and steps")
     args = parser.parse_args(argv)
-    command = shlex.join(["python", "scripts/lora_adapt.py", *(argv or sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.lora_adapt", *(argv or sys.argv[1:])])
     if args.smoke:
         args = smoke(Path(args.out) / "smoke")
     elif not (args.base and args.train and args.dev and args.test):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Our training and decoding against Hugging Face MarianMT (PyTorch) and CTranslate2 (issue 19).
 
-At the equal-work presets of ``scripts/benchmark.py`` (``tiny``, ``base``: the same d_model,
+At the equal-work presets of ``benchmarks/benchmark.py`` (``tiny``, ``base``: the same d_model,
 d_ff, heads, layers and vocabulary, random weights, the same random token batches), one process
 times in turn, round after round:
 
@@ -35,7 +35,7 @@ Needs the optional extra ``compare``; without it the script says what to install
 
     .venv/bin/pip install 'torch==2.13.*' --index-url https://download.pytorch.org/whl/cpu
     .venv/bin/pip install -e '.[compare]'
-    .venv/bin/python scripts/compare.py --json runs/compare.json --docs docs/benchmarks.md
+    .venv/bin/python -m benchmarks.compare --json runs/compare.json --docs docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seq2seq.data.tokenizer import EOS_ID
+from benchmarks import compare_quality
+from benchmarks.harness import machine_info, versions, write_docs
+from benchmarks.peers import Marian
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ("torch", "transformers", "ctranslate2")
@@ -111,182 +113,6 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-# -- the peers ------------------------------------------------------------------------------------
-
-
-def marian_sizes(m: Any) -> dict[str, int]:
-    """``transformers.MarianConfig``'s size fields for our ``ModelConfig`` ``m`` (our encoder
-    and decoder share the head count and d_ff)."""
-    return dict(
-        d_model=m.d_model,
-        encoder_layers=m.num_encoder_layers,
-        decoder_layers=m.num_decoder_layers,
-        encoder_attention_heads=m.num_heads,
-        decoder_attention_heads=m.num_heads,
-        encoder_ffn_dim=m.d_ff,
-        decoder_ffn_dim=m.d_ff,
-    )
-
-
-class Marian:
-    """A randomly initialised MarianMT of a preset's sizes, and its CTranslate2 conversion.
-
-    Token ids are ours (random tokens ≥ ``FIRST_TOKEN``), with Marian's specials: EOS = 0,
-    UNK = 1, and PAD = ``vocab`` as the last row (also the decoder start, as in Marian models).
-
-    Args:
-      spec: a preset as ``Bench.fixed`` gives it (``model`` a ``ModelConfig``, ``train`` a
-        ``TrainConfig``).
-      directory: where the Hugging Face model and its conversion are written.
-      threads: CTranslate2's intra-op threads.
-    """
-
-    def __init__(self, spec: dict[str, Any], directory: Path, threads: int):
-        import ctranslate2
-        import torch
-        import transformers
-        from quality_peers import ACTIVATIONS  # ours' model.activation → Hugging Face's name
-        from tokenizers import Tokenizer, models
-
-        m, train_cfg = spec["model"], spec["train"]
-        self.vocab, self.train_cfg = m.vocab_size, train_cfg
-        self.pad = self.vocab
-        config = transformers.MarianConfig(
-            vocab_size=self.vocab + 1,
-            **marian_sizes(m),
-            activation_function=ACTIVATIONS[m.activation][0],
-            dropout=m.dropout_rate,
-            attention_dropout=m.attention_dropout_rate,
-            activation_dropout=m.activation_dropout_rate,
-            max_position_embeddings=m.max_len,
-            scale_embedding=True,
-            pad_token_id=self.pad,
-            eos_token_id=0,
-            decoder_start_token_id=self.pad,
-            forced_eos_token_id=0,
-        )
-        torch.manual_seed(train_cfg.seed)
-        self.model = transformers.MarianMTModel(config)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=train_cfg.learning_rate,
-            betas=(train_cfg.b1, train_cfg.b2),
-            eps=train_cfg.eps,
-            weight_decay=train_cfg.weight_decay,
-        )
-        # A word-level tokenizer over the ids, saved beside the model: the converter reads the
-        # vocabulary and the special tokens from it.
-        self.tokens = ["</s>", "<unk>"] + [f"t{i}" for i in range(2, self.vocab)] + ["<pad>"]
-        tokenizer = transformers.PreTrainedTokenizerFast(
-            tokenizer_object=Tokenizer(
-                models.WordLevel({t: i for i, t in enumerate(self.tokens)}, unk_token="<unk>")
-            ),
-            eos_token="</s>",
-            unk_token="<unk>",
-            pad_token="<pad>",
-        )
-        hf_dir, ct2_dir = directory / "marian", directory / "ctranslate2"
-        self.model.save_pretrained(hf_dir)
-        tokenizer.save_pretrained(hf_dir)
-        ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(str(ct2_dir), force=True)
-        self.translators = {
-            f"ct2_{kind}": ctranslate2.Translator(
-                str(ct2_dir),
-                device="cpu",
-                compute_type=kind,
-                intra_threads=threads,
-                inter_threads=1,
-            )
-            for kind in ("float32", "int8")
-        }
-
-    def ids(self, ours):
-        """Our int32 token array as Marian's int64 ids (our EOS → Marian's EOS 0)."""
-        import torch
-
-        return torch.from_numpy(ours).long().masked_fill(torch.from_numpy(ours == EOS_ID), 0)
-
-    @staticmethod
-    def autocast(precision: str):
-        """PyTorch's mixed precision for ``precision`` (a no-op context for float32)."""
-        import torch
-
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16")
-
-    def train_seconds(self, batches: list[dict], warmup: int, precision: str) -> list[float]:
-        """Seconds of each training step on ``batches`` after the first ``warmup``; the forward
-        pass and the loss under ``autocast(precision)``, as PyTorch's AMP recipe does."""
-        import torch
-        import torch.nn.functional as F
-
-        self.model.train()
-        times = []
-        for i, batch in enumerate(batches):
-            src, tgt = self.ids(batch["src"]), self.ids(batch["tgt"])
-            start = torch.full_like(tgt[:, :1], self.pad)
-            t = time.perf_counter()
-            with self.autocast(precision):
-                logits = self.model(
-                    input_ids=src,
-                    attention_mask=torch.ones_like(src),
-                    decoder_input_ids=torch.cat([start, tgt[:, :-1]], 1),
-                ).logits
-                loss = F.cross_entropy(
-                    logits.flatten(0, 1).float(),
-                    tgt.flatten(),
-                    label_smoothing=self.train_cfg.label_smoothing,
-                )
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm)
-            self.optimizer.step()
-            if i >= warmup:
-                times.append(time.perf_counter() - t)
-        return times
-
-    def decode_seconds(
-        self, system: str, src, beam: int, repeats: int, precision: str
-    ) -> list[float]:
-        """Seconds of each of ``repeats`` calls (after an untimed one) decoding ``src``
-        (int32 ``[n, length]``, ours) into exactly ``length`` tokens per sentence; PyTorch under
-        ``autocast(precision)``."""
-        import torch
-
-        length = src.shape[1]
-        if system == "pytorch":
-            self.model.eval()
-            ids = self.ids(src)
-
-            def call():
-                with torch.inference_mode(), self.autocast(precision):
-                    out = self.model.generate(
-                        input_ids=ids,
-                        attention_mask=torch.ones_like(ids),
-                        num_beams=beam,
-                        do_sample=False,
-                        max_new_tokens=length,
-                        min_new_tokens=length,
-                    )
-                assert out.shape[1] == length + 1, out.shape  # the start token + length
-        else:
-            tokens = [[self.tokens[i] for i in row] for row in self.ids(src).tolist()]
-            translator = self.translators[system]
-
-            def call():
-                out = translator.translate_batch(
-                    tokens, beam_size=beam, max_decoding_length=length, min_decoding_length=length
-                )
-                assert all(len(r.hypotheses[0]) == length for r in out)
-
-        call()
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t)
-        return times
-
-
 # -- the comparison -------------------------------------------------------------------------------
 
 
@@ -295,7 +121,7 @@ def measure(
 ) -> dict[str, Any]:
     """One round's figure of ``system`` on ``task`` for preset ``name``; ``bench`` is ours at
     ``precision`` and PyTorch runs at the same one."""
-    import benchmark
+    from benchmarks import benchmark
 
     a = bench.args
     spec = bench.fixed(name)
@@ -379,7 +205,7 @@ def markdown(result: dict[str, Any]) -> str:
     rng = lambda s, f=num: f"{f(s['median'])} ({f(s['min'])}–{f(s['max'])})"
     ratio = lambda x: f"{x:.2f}×"
     lines = [
-        f"Measured by `scripts/compare.py` on {m['date']}: {mach['cpu']}, "
+        f"Measured by `benchmarks/compare.py` on {m['date']}: {mach['cpu']}, "
         f"{mach['cpus_usable']} cores ({m['threads']} threads each side), load average "
         f"{mach['load_average_start'][0]:.1f} at the start and {m['load_average_end'][0]:.1f} "
         f"at the end; {peaks}; precision matched: {matched}; "
@@ -413,22 +239,6 @@ def markdown(result: dict[str, Any]) -> str:
                 cells.append(cell)
             lines.append(f"| {name} | {label} | {unit} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def write_docs(path: Path, table: str, begin: str = DOCS_BEGIN, end: str = DOCS_END) -> None:
-    """Replace the text between the ``begin`` and ``end`` lines of ``path``."""
-    text = path.read_text(encoding="utf-8")
-    if begin not in text or end not in text:
-        raise SystemExit(f"{path}: no {begin} ... {end} block to replace")
-    head, rest = text.split(begin, 1)
-    path.write_text(f"{head}{begin}\n{table}\n{end}{rest.split(end, 1)[1]}", encoding="utf-8")
-
-
-def versions() -> dict[str, str]:
-    out = {}
-    for name in ("jax", "jaxlib", "flax", "numpy", *PEERS):
-        out[name] = getattr(importlib.import_module(name), "__version__", None)
-    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -465,11 +275,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--quality",
         action="store_true",
         help="compare translation quality at the same training time instead "
-        "(scripts/compare_quality.py; its options below)",
+        "(benchmarks/compare_quality.py; its options below)",
     )
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import compare_quality
-
     compare_quality.add_arguments(p)
     a = p.parse_args(argv)
     a.presets = ["smoke"] if a.smoke else [s for s in a.preset.split(",") if s]
@@ -492,21 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     missing = missing_peers()
     if missing:
         print(
-            f"scripts/compare.py needs the optional extra 'compare' ({', '.join(missing)} "
+            f"benchmarks/compare.py needs the optional extra 'compare' ({', '.join(missing)} "
             f"not installed). Install it with:\n{INSTALL}",
             file=sys.stderr,
         )
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the hub
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import benchmark
+    from benchmarks import benchmark
 
     if args.quality:
-        import compare_quality
-
-        info = benchmark.machine_info("float32")
+        info = machine_info("float32")
         machine = f"{info['cpu']}, {info['cpus_usable']} cores"
-        return compare_quality.run(args, machine, write_docs)
+        return compare_quality.run(args, machine)
     import torch
     import transformers
 
@@ -536,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "argv": sys.argv[1:] if argv is None else argv,
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "machine": benchmark.machine_info("float32"),
-        "versions": versions(),
+        "machine": machine_info("float32"),
+        "versions": versions(*PEERS),
         "threads": threads,
         "precisions": args.precisions,
         "rounds": args.rounds,
@@ -586,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(benchmark._jsonable(result), indent=1) + "\n")
         print(f"\nwrote {args.json}")
     if args.docs:
-        write_docs(Path(args.docs), table)
+        write_docs(Path(args.docs), table, DOCS_BEGIN, DOCS_END)
         print(f"updated the table in {args.docs}")
     return 0
 

@@ -3,7 +3,7 @@
 and post-norm, against two same-size PyTorch peers of the same norm placement, each trained
 with the plain recipe and at its best on dev, on held-out test sets, two seeds, paired tests.
 
-Run as ``scripts/compare.py --quality`` (same optional extra ``compare``).
+Run as ``python -m benchmarks.compare --quality`` (same optional extra ``compare``).
 
 Held-out test sets. No proxy is tested on the shipped dev or test split (the preset's settings
 were chosen looking at them). Each proxy's test set is carved out of the shipped TRAIN split as
@@ -34,7 +34,7 @@ Systems (``--systems``), per proxy and seed (``--seeds``, default 1,2):
    provisional ``train.steps``): the warmup share and what the dropout rule gives there.
 2. ``peer-post`` (MarianMT) beside ``ours-post`` and ``peer-pre``
    (``torch.nn.Transformer(norm_first=True)``) beside ``ours-pre``: our run's sizes, its
-   SentencePiece pieces and decoding rules (``scripts/quality_peers.py``), trained at least
+   SentencePiece pieces and decoding rules (``benchmarks/peers.py``), trained at least
    our run's seconds and ``--peer-seconds`` (default budget × 15/13: 900 s against 780), at
    the grid's points (``GridPoint``): at the first seed every peak rate × warmup × schedule
    of ``--peer-lrs`` (5e-4, 1e-3, 2e-3), ``--peer-warmups`` (400 steps, or ``ours``: our
@@ -53,7 +53,7 @@ proxies and seeds given and records its dev scores (not its test scores): how a 
 Budget: ours trains for ``--budget`` seconds (default: the config's ``train.time_budget``,
 780 s for the preset).
 
-Records (``scripts/quality_records.py``): every finished training writes one JSON record under
+Records (``benchmarks/quality_records.py``): every finished training writes one JSON record under
 ``--records`` (``docs/data/quality/``) with its test translations and, for ours, its
 SentencePiece model; a rerun under the same settings skips it, so the comparison resumes across
 sessions and machines from the committed records (the run directories under ``--out`` are
@@ -79,7 +79,6 @@ sessions as it takes. Not run in CI.
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import os
@@ -91,7 +90,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from quality_peers import (
+from benchmarks.harness import read_lines, write_docs
+from benchmarks.peers import (
     ARCHS,
     PLAIN,
     SCHEDULES,
@@ -100,7 +100,7 @@ from quality_peers import (
     grid_points,
     train_peer,
 )
-from quality_records import (
+from benchmarks.quality_records import (
     PEER_OF,
     SYSTEMS,
     RecordError,
@@ -138,18 +138,6 @@ class UsageError(Exception):
 
 
 # -- the proxy corpora -----------------------------------------------------------------------------
-
-
-def read_lines(path: Path) -> list[str]:
-    """Lines of ``path`` or ``path.gz`` (the shipped corpus is gzipped)."""
-    if not path.exists() and path.with_name(path.name + ".gz").exists():
-        path = path.with_name(path.name + ".gz")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        text = f.read()
-    if not text:
-        return []
-    return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
 
 
 def join_consecutive(
@@ -969,10 +957,10 @@ def runs_text(found: dict[str, dict[str, Any]]) -> str:
     )
 
 
-def run(args: argparse.Namespace, machine: str, write_docs: Callable[..., None]) -> int:
-    """The comparison (or with ``--from-records`` its table alone); ``write_docs(path, table,
-    begin, end)`` is ``compare.write_docs``. Returns the exit status: 2 for bad options, input
-    or records (the message on stderr)."""
+def run(args: argparse.Namespace, machine: str) -> int:
+    """The comparison (or with ``--from-records`` its table alone), its table written between
+    ``DOCS_BEGIN`` and ``DOCS_END`` of ``--docs``. Returns the exit status: 2 for bad options,
+    input or records (the message on stderr)."""
     try:
         check(args)
         args.machine = machine
@@ -1041,7 +1029,7 @@ def run(args: argparse.Namespace, machine: str, write_docs: Callable[..., None])
         "planned": total,
         "seeds": args.seed_list,
         "peers": f"{ARCHS['post']} and {ARCHS['pre']}, both of ours' sizes on its "
-        "SentencePiece pieces (scripts/quality_peers.py); plain = learning rate 1e-3 after 400 "
+        "SentencePiece pieces (benchmarks/peers.py); plain = learning rate 1e-3 after 400 "
         "warmup steps, inverse square root, dropout 0.1; best = the grid's dev pick (grid: "
         f"learning rates {', '.join(f'{x:g}' for x in args.lr_list)} × warmups "
         f"{', '.join(args.warmup_list)} × schedules {', '.join(args.schedule_list)} at dropout "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Long inputs: memory and time of ``model.attention`` dense against chunked (issue 17).
 
-Run as ``python scripts/benchmark.py --long [options]`` (or this file directly). For each
+Run as ``python -m benchmarks.benchmark --long [options]`` (or this file directly). For each
 length n (``--lengths``, default 1k … 32k tokens) and each path it reports:
 
 * ``layer``: one self-attention layer (d_model 256, 4 heads, one row of n tokens, causal
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks.harness import peak_rss
 from seq2seq.config import ModelConfig, TrainConfig, load_config, replace
 from seq2seq.model import build_model
 from seq2seq.model.attention import MultiHeadAttention, SegmentMask
@@ -168,18 +168,6 @@ def run_child(kind: str, attention: str, n: int, q_block: int, kv_block: int, re
         "seconds": times,
         "peak_rss_bytes": peak_rss(),
     }
-
-
-def peak_rss() -> int:
-    """This process's peak RSS in bytes: Linux ``VmHWM`` (``getrusage``'s ``ru_maxrss``
-    survives ``exec`` and can report the parent's peak), else ``ru_maxrss``."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def measured(kind, attention, n, q_block, kv_block, repeats, timeout):

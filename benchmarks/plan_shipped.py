@@ -11,9 +11,9 @@ pick and its runner-up.
 Usage::
 
     pip install -e '.[tpu,cuda12]'
-    python scripts/plan_shipped.py                       # every pair, then the table
-    python scripts/plan_shipped.py --only transformer_big --target tpu-v5e-8
-    python scripts/plan_shipped.py --table-only          # the table from the records
+    python -m benchmarks.plan_shipped                       # every pair, then the table
+    python -m benchmarks.plan_shipped --only transformer_big --target tpu-v5e-8
+    python -m benchmarks.plan_shipped --table-only          # the table from the records
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from compare import write_docs
+from benchmarks.harness import write_docs
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "docs" / "data" / "plan"

@@ -5,7 +5,7 @@
    ``</s>`` 0, ``<unk>`` 1, the pieces, ``<pad>`` last) on the shipped training split.
 2. A Hugging Face ``MarianMTModel`` of the preset's sizes (d_model 256, 3+3 layers, 4 heads,
    d_ff 1024, ``swish``, scaled, shared embeddings) trained for ``--seconds`` with the plain
-   recipe of ``scripts/quality_peers.py`` (the same-size peer of ``compare.py --quality``),
+   recipe of ``benchmarks/peers.py`` (the same-size peer of ``compare.py --quality``),
    saved with ``save_pretrained`` beside ``source.spm``/``target.spm``/``vocab.json``.
 3. ``seq2seq-import --from marian`` of that directory.
 4. The first ``--limit`` test sentences translated by both: ``generate`` (beam 4, length
@@ -31,8 +31,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     import sentencepiece as spm
     import torch
     import transformers
-    from compare_quality import read_lines
-    from quality_peers import RECIPE, marian_peer, peer_batches, peer_optimizer, peer_update
+
+    from benchmarks.harness import read_lines
+    from benchmarks.peers import RECIPE, marian_peer, peer_batches, peer_optimizer, peer_update
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -141,9 +140,9 @@ def compare(a, model, hf_dir: Path, out: Path, data: Path, pad: int, trained: di
     import sacrebleu
     import torch
     import transformers
-    from compare_quality import read_lines
-    from quality_peers import pad_rows
 
+    from benchmarks.harness import read_lines
+    from benchmarks.peers import pad_rows
     from seq2seq.config import replace
     from seq2seq.marian import import_marian
     from seq2seq.trained import load_trained

@@ -12,7 +12,7 @@ its report's decoding rate (after the model is loaded).
 
 Usage::
 
-    python scripts/bulk_speed.py --workdir RUN --input FILE --lines 5000 --chunk-lines 1000
+    python -m benchmarks.bulk_speed --workdir RUN --input FILE --lines 5000 --chunk-lines 1000
 
 Times on a shared machine are distorted by the other processes; alternating the commands
 spreads that over both.

@@ -18,7 +18,8 @@ temporary directory) and decodes the run's test split with beam 4 twice:
 For each: the share of token-identical translations, both sacreBLEU scores and the decoding
 times; for the second also the share among lines where neither side reaches the length limit.
 
-    .venv/bin/python scripts/export_check.py --workdir runs/tatoeba_en_es [--limit 300] [--json F]
+    .venv/bin/python -m benchmarks.export_check --workdir runs/tatoeba_en_es \
+        [--limit 300] [--json F]
 
 Exit status 0 when the goals hold (under our rules ≥ 99% identical and |ΔBLEU| ≤ 0.1; as users
 meet it |ΔBLEU| ≤ 0.2), 1 otherwise, 2 on bad input (e.g. ctranslate2 not installed, or a model

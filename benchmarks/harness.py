@@ -1,0 +1,169 @@
+"""What the experiments share: the machine's description, peak RSS, a ``python -m seq2seq``
+command run with a log, a marked table written into a docs page, the package versions, and
+the lines of a (gzipped) corpus file.
+
+Light at import (the standard library only): ``jax`` is imported by the functions that need it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import os
+import platform
+import resource
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- the machine ----------------------------------------------------------------------------------
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()`` or
+    ``platform.machine()``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpus_line() -> str:
+    """``PROCESSOR, N CPUs`` (``platform.processor()`` or ``platform.machine()``, and
+    ``os.cpu_count()``): the one-line machine of the A/B and MBR pages."""
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+
+
+def machine_info(dtype: str) -> dict[str, Any]:
+    """The machine, the versions of Python, JAX and Flax, the backend and its device, and
+    ``dtype``: the ``machine`` of the benchmark's and the comparison's JSON."""
+    import jax
+
+    dev = jax.devices()[0]
+    try:
+        import flax
+
+        flax_version = flax.__version__
+    except Exception:  # noqa: BLE001
+        flax_version = None
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": affinity,
+        "memory_bytes": _total_memory(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": getattr(jax.lib, "__version__", None) or _jaxlib_version(),
+        "flax": flax_version,
+        "backend": jax.default_backend(),
+        "device_kind": dev.device_kind,
+        "device_count": jax.device_count(),
+        "dtype": dtype,
+        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _jaxlib_version() -> str | None:
+    try:
+        import jaxlib
+
+        return jaxlib.__version__
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _total_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def versions(*names: str) -> dict[str, str]:
+    """``__version__`` of jax, jaxlib, flax, numpy and ``names`` (None where a module has none)."""
+    out = {}
+    for name in ("jax", "jaxlib", "flax", "numpy", *names):
+        out[name] = getattr(importlib.import_module(name), "__version__", None)
+    return out
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+
+def proc_status(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` in bytes (Linux), else None."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def peak_rss() -> int:
+    """Peak resident set size of this process in bytes.
+
+    Linux: ``VmHWM``, the high-water mark of this program's own memory. ``ru_maxrss`` is not
+    used there because it survives ``exec``: a child started by a large parent would report
+    the parent's size. Elsewhere: ``ru_maxrss`` (KiB on Linux, bytes on macOS).
+    """
+    hwm = proc_status("VmHWM")
+    if hwm is not None:
+        return hwm
+    scale = 1 if sys.platform == "darwin" else 1024
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale)
+
+
+# -- commands and pages ---------------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def run_command(command: list[str], log: Path) -> tuple[str, float]:
+    """Run ``python -m seq2seq COMMAND`` to completion; (its standard output, peak RSS in MiB
+    of that process, from ``wait4``). Raises SystemExit with the log's tail on failure."""
+    full = [sys.executable, "-m", "seq2seq", *command]
+    print("$", shlex.join(full), flush=True)
+    with open(log, "w", encoding="utf-8") as err:
+        proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=err, text=True, env=_env())
+        out = proc.stdout.read() if proc.stdout else ""
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        tail = log.read_text(encoding="utf-8")[-3000:]
+        raise SystemExit(f"{shlex.join(full)} failed ({proc.returncode}):\n{tail}")
+    return out, usage.ru_maxrss / 1024.0  # kilobytes on Linux
+
+
+def write_docs(path: Path, table: str, begin: str, end: str) -> None:
+    """Replace the text between the ``begin`` and ``end`` lines of ``path``."""
+    text = path.read_text(encoding="utf-8")
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path}: no {begin} ... {end} block to replace")
+    head, rest = text.split(begin, 1)
+    path.write_text(f"{head}{begin}\n{table}\n{end}{rest.split(end, 1)[1]}", encoding="utf-8")
+
+
+def read_lines(path: Path) -> list[str]:
+    """Lines of ``path`` or ``path.gz`` (the shipped corpus is gzipped)."""
+    if not path.exists() and path.with_name(path.name + ".gz").exists():
+        path = path.with_name(path.name + ".gz")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        text = f.read()
+    if not text:
+        return []
+    return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
