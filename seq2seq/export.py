@@ -178,7 +178,7 @@ def card_options(decode: DecodeConfig) -> dict[str, Any]:
     α as CTranslate2's ``length_penalty`` (|Y|^α; for ``gnmt`` the nearest form CTranslate2
     has, 0 for ``none``) and the unknown piece banned unless ``decode.allow_unk``; CTranslate2's
     defaults otherwise (its stopping after ``beam`` finished hypotheses, its length limit).
-    ``scripts/export_check.py`` scores exactly these options."""
+    ``benchmarks/export_check.py`` scores exactly these options."""
     return dict(
         beam_size=1 if decode.search == "greedy" else decode.beam_size,
         length_penalty=0.0 if decode.length_penalty == "none" else decode.alpha,

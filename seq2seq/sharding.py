@@ -12,7 +12,7 @@ holds which logical axis.
   of the Adam moments and updates only its part. Inside a step the parameters are all-gathered
   over ``fsdp`` where they are used (``compute_layout``), and their gradients are summed over the
   batch shards; without that constraint XLA tends to split the matmuls along ``embed`` instead
-  and moves activations, which costs several times more (``scripts/comm_cost.py``).
+  and moves activations, which costs several times more (``benchmarks/comm_cost.py``).
 * ``tensor``: Megatron-style (Shoeybi et al. 2019): Q/K/V columns and output-projection rows
   split by head, FFN ``W1`` columns and ``W2`` rows split by hidden unit, and the shared
   embedding / output projection split by vocabulary entry ("vocab-parallel": logits stay split

@@ -24,8 +24,8 @@ the speed measured so far.
 ``pairs`` and the target-side words (split at whitespace) count every training pair read (after
 empty pairs are skipped, before the length filters), summed over the corpora of a
 ``data.train`` list. The peak learning rate stays
-``train.learning_rate``. The evidence is the quality table of ``scripts/compare.py --quality``
-in ``docs/benchmarks.md``.
+``train.learning_rate``. The evidence is the quality table of
+``python -m benchmarks.compare --quality`` in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ gradients of the activation and of the weight), so training costs 6 FLOPs per we
 Attention adds its two activation-by-activation products, Q·Kᵀ and P·V, also ×3 for training.
 Only matrix multiplies are counted: embedding gathers, biases, LayerNorm, softmax, dropout, the
 loss and the optimizer update are left out (XLA's cost analysis counts them, so its figure is a
-few per cent higher; ``scripts/benchmark.py`` reports both and their ratio).
+few per cent higher; ``benchmarks/benchmark.py`` reports both and their ratio).
 
 With ``d`` = d_model, ``f`` = d_ff, ``V`` = target vocabulary, ``Le``/``Ld`` = encoder/decoder
 layers, ``S``/``T`` = source/target row length and ``B`` rows, forward multiply-accumulates are
