@@ -1,4 +1,10 @@
-"""The peers of the quality comparison (``benchmarks/compare_quality.py``, issues 21, 35 and 50):
+"""The PyTorch peers.
+
+The speed peer of ``benchmarks/compare.py`` and ``benchmarks/profile_step.py`` (``Marian``): a
+randomly initialised MarianMT of a preset's sizes and its CTranslate2 conversion, timed at
+training and decoding.
+
+The peers of the quality comparison (``benchmarks/compare_quality.py``, issues 21, 35 and 50):
 two PyTorch models of our run's sizes on its SentencePiece pieces, their training recipe and
 grid points, their trainer, and a beam search with our decoding rules.
 
