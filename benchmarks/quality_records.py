@@ -10,7 +10,7 @@ peers and builds the table from the records alone. Units (``unit_name``):
 * ``ours-pre-seedS`` / ``ours-post-seedS``: our preset with ``model.norm=pre`` / ``post``;
 * ``ours-pre-seedS+KEY=VALUE``: a dev check of ours with extra overrides (dev scores only);
 * ``peer-pre-seedS-POINT`` / ``peer-post-seedS-POINT``: a peer at a grid point
-  (``quality_peers.GridPoint.name``).
+  (``peers.GridPoint.name``).
 
 A record holds the proxy, system, seed, grid point, steps, seconds, dev and test BLEU and
 chrF, the hypotheses' file and hash, the references' hash, the date, the machine, the
