@@ -86,10 +86,15 @@ def _per_step(p: dict) -> str:
     return ", ".join(parts) or "none"
 
 
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.1f} ms" if ms >= 1 else f"{ms:.2f} ms"
+
+
 def _pick(p: dict | None) -> str:
     if p is None:
         return "—"
-    return f"{_mesh(p)}: {p['peak_bytes'] / 1e9:.2f} GB, ≥ {p['step_seconds'] * 1e3:.1f} ms"
+    return f"{_mesh(p)}: {p['peak_bytes'] / 1e9:.2f} GB, ≥ {_ms(p['step_seconds'])}"
 
 
 def table(records: dict[tuple[str, str], dict]) -> str:
@@ -116,7 +121,7 @@ def table(records: dict[tuple[str, str], dict]) -> str:
                 f"{d['xla_flops'] / 1e12:.2f} T vs {d['analytic_flops'] / 1e12:.2f} T "
                 f"({d['flops_ratio']:.2f})"
             )
-            step = f"{d['step_seconds'] * 1e3:.1f} ms"
+            step = _ms(d["step_seconds"])
             tokens = f"{d['target_tokens_per_second'] / 1e3:,.0f}k"
             per_step = _per_step(d)
         attention = d["train"]["attention"].split(" (")[0] or "—"
@@ -129,7 +134,7 @@ def table(records: dict[tuple[str, str], dict]) -> str:
     dates = sorted({r["date"] for r in records.values()})
     lines.append(
         f"\nFrom the records in [data/plan/](data/plan/) ({dates[0]} to {dates[-1]}), written by "
-        "`python scripts/plan_shipped.py` (`seq2seq-plan --search --json` per row); per device; "
+        "`python -m benchmarks.plan_shipped` (`seq2seq-plan --search --json` per row); per device; "
         "meshes as data×fsdp×tensor; a step time is the roofline lower bound of the train step."
         if dates
         else ""

@@ -233,3 +233,22 @@ def test_cuda_target_compiles_without_a_gpu(tmp_path):
     assert p.train.cost_source == "unpartitioned"
     assert 1.0 < p.flops_per_step / p.analytic_flops < 1.25  # 1.04 with jaxlib 0.10.2
     assert {x["kind"] for x in p.train.collectives} & {"all-reduce", "reduce-scatter"}
+
+
+def test_scaling_page_table_is_the_plan_records():
+    # docs/scaling.md's plan table is generated from docs/data/plan/: regenerated from the
+    # committed records it is unchanged, one row per record, each searched on its target
+    from benchmarks import plan_shipped
+
+    records = plan_shipped.load_records()
+    assert ("tatoeba_en_es", "tpu-v5e-8") in records
+    for (key, target), r in records.items():
+        assert r["plan"]["target"] == target and r["default"]["target"] == target
+        assert r["command"].startswith(f"seq2seq-plan --config {plan_shipped.CONFIGS[key][0]}")
+        ranked = [p["step_seconds"] for p in r["search"]]
+        assert ranked == sorted(ranked) and all(p["fits"] for p in r["search"])
+    text = plan_shipped.table(records)
+    page = plan_shipped.DOCS.read_text(encoding="utf-8")
+    block = page.split(plan_shipped.BEGIN + "\n", 1)[1].split("\n" + plan_shipped.END, 1)[0]
+    assert block == text
+    assert len([ln for ln in text.splitlines() if ln.startswith("| `")]) == len(records)
