@@ -663,6 +663,9 @@ def search(
                 break
             cfg = config if k == 1 else with_micro_batches(config, k)
             p = plan(cfg, target_name, shape, decode=False)
+            # JAX's caches keep each candidate's lowering: ~0.4 GB a compile of a 40M-parameter
+            # model, 9 GB over a Transformer base search; cleared, about a third of that
+            jax.clear_caches()
             out.append((cfg, p))
             if progress is not None:
                 progress(f"  {format_row(p)}")
