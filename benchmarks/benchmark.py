@@ -61,7 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from benchmarks.harness import machine_info, peak_rss, proc_status
+from benchmarks.harness import child_env, machine_info, peak_rss, proc_status
 from seq2seq.config import Config, ModelConfig, TrainConfig, replace
 from seq2seq.data.pipeline import decode_source_limit, fill_vocab_sizes, prepare
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -1060,7 +1060,8 @@ class Bench:
         a = self.args
         cmd = [
             sys.executable,
-            str(Path(__file__).resolve()),
+            "-m",
+            "benchmarks.benchmark",
             "--memory-child",
             phase,
             "--config",
@@ -1084,7 +1085,7 @@ class Bench:
             cmd += ["--workdir", a.workdir]
         # No up-front GPU memory grab: the parent still holds its own, and the allocator's
         # peak is then what the phase really used.
-        env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        env = child_env(XLA_PYTHON_CLIENT_PREALLOCATE="false")
         return subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd(), env=env
         )

@@ -128,8 +128,12 @@ def peak_rss() -> int:
 # -- commands and pages ---------------------------------------------------------------------------
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment with the repository root first on ``PYTHONPATH``, so that a
+    child (``python -m benchmarks.NAME`` or ``-m seq2seq``) imports this checkout from any
+    working directory; ``extra`` variables added."""
+    path = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    return dict(os.environ, PYTHONPATH=path, **extra)
 
 
 def run_command(command: list[str], log: Path) -> tuple[str, float]:
@@ -138,7 +142,9 @@ def run_command(command: list[str], log: Path) -> tuple[str, float]:
     full = [sys.executable, "-m", "seq2seq", *command]
     print("$", shlex.join(full), flush=True)
     with open(log, "w", encoding="utf-8") as err:
-        proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=err, text=True, env=_env())
+        proc = subprocess.Popen(
+            full, stdout=subprocess.PIPE, stderr=err, text=True, env=child_env()
+        )
         out = proc.stdout.read() if proc.stdout else ""
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from benchmarks.harness import peak_rss
+from benchmarks.harness import child_env, peak_rss
 from seq2seq.config import ModelConfig, TrainConfig, load_config, replace
 from seq2seq.model import build_model
 from seq2seq.model.attention import MultiHeadAttention, SegmentMask
@@ -172,11 +172,13 @@ def run_child(kind: str, attention: str, n: int, q_block: int, kv_block: int, re
 
 def measured(kind, attention, n, q_block, kv_block, repeats, timeout):
     cmd = [
-        sys.executable, str(Path(__file__).resolve()), "--child",
+        sys.executable, "-m", "benchmarks.long_inputs", "--child",
         json.dumps([kind, attention, n, q_block, kv_block, repeats]),
     ]  # fmt: skip
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=child_env()
+        )
     except subprocess.TimeoutExpired:
         return {"note": f"not measured: over the {timeout:.0f} s child timeout"}
     if proc.returncode != 0:
