@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import write_docs
+from seq2seq.plan import Compiled, collectives_per_step
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "docs" / "data" / "plan"
@@ -78,12 +79,9 @@ def _mesh(p: dict) -> str:
 
 def _per_step(p: dict) -> str:
     """The default's collectives per step: count and bytes per device, loops unrolled."""
-    parts = []
-    for x in p["train"]["collectives"]:
-        count = x["count"] - x["in_loop"] + x["in_loop"] * p["micro_batches"]
-        moved = x["bytes"] / max(x["count"], 1) * count
-        parts.append(f"{x['kind']} ×{count} ({moved / 1e6:.1f} MB)")
-    return ", ".join(parts) or "none"
+    compiled = Compiled(collectives=p["train"]["collectives"])
+    per_step = collectives_per_step(compiled, p["micro_batches"])
+    return ", ".join(f"{k} ×{n} ({b / 1e6:.1f} MB)" for k, (n, b) in per_step.items()) or "none"
 
 
 def _ms(seconds: float) -> str:
