@@ -140,15 +140,21 @@ def table(records: dict[tuple[str, str], dict]) -> str:
     return "\n".join(lines)
 
 
+def searched(key: str, target: str) -> dict | None:
+    """The pair's record if it holds a search (``--search --json``), else None."""
+    path = record_path(key, target)
+    if not path.exists():
+        return None
+    r = json.loads(path.read_text(encoding="utf-8"))
+    return r if "search" in r else None
+
+
 def load_records() -> dict[tuple[str, str], dict]:
     out = {}
     for key, (_, _, targets) in CONFIGS.items():
         for target in targets:
-            path = record_path(key, target)
-            if path.exists():
-                r = json.loads(path.read_text(encoding="utf-8"))
-                if "search" in r:
-                    out[key, target] = r
+            if (r := searched(key, target)) is not None:
+                out[key, target] = r
     return out
 
 
@@ -163,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.table_only:
         for key in args.only or CONFIGS:
             for target in (t for t in CONFIGS[key][2] if t in (args.target or TARGETS)):
-                have = record_path(key, target)
-                if args.force or not have.exists() or "search" not in json.loads(have.read_text()):
+                if args.force or searched(key, target) is None:
                     run_pair(key, target)
     text = table(load_records())
     print(text)
