@@ -388,7 +388,8 @@ class TrainConfig:
         tokens: about 15 minutes of the shipped preset on 2 CPU cores).
       learning_rate: peak learning rate, reached after ``warmup_steps`` (linear warmup), then
         decayed as ``schedule`` says.
-        ``warmup_steps`` = 0: a fifth of ``steps`` (``seq2seq/data/recipe.py``).
+      warmup_steps: steps of the linear warmup to ``learning_rate``; 0 = a fifth of ``steps``
+        (``seq2seq/data/recipe.py``).
       schedule: the decay after the warmup (``seq2seq.training.step.learning_rate_schedule``):
         ``rsqrt`` (inverse square root) or ``linear`` (to zero at ``steps``).
       b1, b2, eps, weight_decay: AdamW (Loshchilov & Hutter 2019); decay skips biases/norms.
@@ -629,7 +630,12 @@ class DistributedConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """A whole run: where it lives and every section above."""
+    """A whole run: where it lives and every section above.
+
+    Attributes:
+      workdir: the run directory: checkpoints, the resolved ``config.yaml``, the tokenizer,
+        logs and scores; a rerun there resumes the run.
+    """
 
     workdir: str = rule("runs/default", resume=FREE)
     data: DataConfig = field(default_factory=DataConfig)

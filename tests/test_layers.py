@@ -18,6 +18,7 @@ LAYERS: dict[str, int] = {
     "seq2seq.config": 0,
     "seq2seq.workdir": 0,
     "seq2seq.kernels": 0,
+    "seq2seq.reference": 0,
     "seq2seq.model": 1,
     "seq2seq.decoding": 1,
     "seq2seq.data": 1,
