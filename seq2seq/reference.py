@@ -147,11 +147,29 @@ def _limits(key: str, f: dataclasses.Field) -> str:
             )
         for other, value in rule._asdict().items():
             if other not in ("resume", "finetune", "choices") and value not in (None, (), ""):
-                parts.append(f"{other}: {_value(value)}")
+                parts.append(_bound(other, value))
     for other, value in f.metadata.items():
         if other != "rule" and value not in (None, (), ""):
-            parts.append(f"{other}: {_value(value)}")
+            parts.append(_bound(other, value))
     return "; ".join(parts)
+
+
+def _bound(name: str, value: Any) -> str:
+    """Another statement of a rule: ``range: ≥ 1`` (a value's own ``text()`` where it has
+    one, as a range has), else the value as YAML writes it."""
+    if callable(getattr(value, "text", None)):
+        return f"{name}: {_code(str(value.text()))}"
+    if isinstance(value, (str, int, float, bool, list, tuple, dict)) and type(value) in (
+        str,
+        int,
+        float,
+        bool,
+        list,
+        tuple,
+        dict,
+    ):
+        return f"{name}: {_value(value)}"
+    return f"{name}: {_code(str(value))}"
 
 
 def _table(prefix: str, cls: type, *, rules: bool = True) -> list[str]:
@@ -162,7 +180,7 @@ def _table(prefix: str, cls: type, *, rules: bool = True) -> list[str]:
     """
     texts = descriptions(cls)
     if rules:
-        head = "| key | type | default | choices | resume | fine-tune | description |"
+        head = "| key | type | default | choices, range | resume | fine-tune | description |"
         rows = [head, "|---|---|---|---|---|---|---|"]
     else:
         rows = ["| key | type | default | description |", "|---|---|---|---|"]
