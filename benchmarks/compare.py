@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Our training and decoding against Hugging Face MarianMT (PyTorch) and CTranslate2 (issue 19).
 
-At the equal-work presets of ``benchmarks/benchmark.py`` (``tiny``, ``base``: the same d_model,
+At the equal-work presets of ``benchmarks/presets.py`` (``tiny``, ``base``: the same d_model,
 d_ff, heads, layers and vocabulary, random weights, the same random token batches), one process
 times in turn, round after round:
 
-* training steps: ours (``Bench.train_fixed``) and PyTorch MarianMT (AdamW with our betas, eps
+* training steps: ours (``FixedBench.train_fixed``) and PyTorch MarianMT (AdamW with our betas, eps
   and weight decay, label-smoothed cross-entropy, dropout 0.1, gradient-norm clipping), in
   target tokens/s;
 * beam-4 and greedy decoding of ``decode_sentences`` sources of ``decode_length`` tokens into
-  exactly ``decode_length`` tokens: ours (``Bench.decode_fixed`` / ``decode_fixed_greedy``: EOS
+  exactly ``decode_length`` tokens: ours (``FixedBench.decode_fixed`` / ``decode_fixed_greedy``: EOS
   forbidden until the last position), PyTorch ``generate`` (min_new_tokens = max_new_tokens)
   and CTranslate2 ``translate_batch`` (min = max decoding length) with float32 and int8
   compute, in sentences/s.
@@ -41,7 +41,6 @@ Needs the optional extra ``compare``; without it the script says what to install
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -51,17 +50,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import compare_quality
-from benchmarks.harness import machine_info, versions, write_docs
-from benchmarks.peers import Marian
+from benchmarks.harness import jsonable, machine_info, run_experiment, versions, write_docs
+from benchmarks.peers import INSTALL, PEERS, Marian, missing_peers
+from benchmarks.presets import FIXED, FixedBench, fixed_batches, fixed_options, fixed_sources
 
 ROOT = Path(__file__).resolve().parents[1]
-PEERS = ("torch", "transformers", "ctranslate2")
-INSTALL = (
-    "pip install 'torch==2.13.*' --index-url https://download.pytorch.org/whl/cpu  "
-    "# the CPU build (a plain 'pip install torch' on Linux is a CUDA build of several GB)\n"
-    "pip install -e '.[compare]'"
-)
 SYSTEMS = {
     "ours": "ours",
     "pytorch": "PyTorch",
@@ -80,7 +73,7 @@ GOALS = {
     "bfloat16": {("train", "pytorch"): 1.3, ("beam4", "pytorch"): 1.3},
 }
 PRECISIONS = ("float32", "bfloat16")
-# --smoke: a tiny preset, registered in the benchmark's table so that Bench builds it too.
+# --smoke: a tiny preset beside the fixed ones (FixedBench builds it as them).
 SMOKE_PRESET = dict(
     model=dict(
         vocab_size=300, d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=64
@@ -91,17 +84,6 @@ SMOKE_PRESET = dict(
     decode_length=8,
 )
 DOCS_BEGIN, DOCS_END = "<!-- compare.py table: begin -->", "<!-- compare.py table: end -->"
-
-
-def missing_peers() -> list[str]:
-    """The packages of the ``compare`` extra that do not import."""
-    missing = []
-    for name in PEERS:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            missing.append(name)
-    return missing
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -117,12 +99,10 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def measure(
-    bench, peer: Marian, name: str, task: str, system: str, precision: str
+    bench: FixedBench, peer: Marian, name: str, task: str, system: str, precision: str
 ) -> dict[str, Any]:
     """One round's figure of ``system`` on ``task`` for preset ``name``; ``bench`` is ours at
     ``precision`` and PyTorch runs at the same one."""
-    from benchmarks import benchmark
-
     a = bench.args
     spec = bench.fixed(name)
     if system == "ours":
@@ -142,11 +122,11 @@ def measure(
         return {"value": res["sentences_per_second"]["median"], "seconds": res["seconds"]}
     if task == "train":
         rows, length = spec["batch"], spec["length"]
-        batches = benchmark.fixed_batches(a.warmup + a.steps, rows, length, peer.vocab)
+        batches = fixed_batches(a.warmup + a.steps, rows, length, peer.vocab)
         times = peer.train_seconds(batches, a.warmup, precision)
         return {"value": rows * length / statistics.median(times), "seconds": spread(times)}
     n = spec["decode_sentences"]
-    src = benchmark.fixed_sources(n, spec["decode_length"], peer.vocab)
+    src = fixed_sources(n, spec["decode_length"], peer.vocab)
     times = peer.decode_seconds(
         system, src, 4 if task == "beam4" else 1, a.decode_repeats, precision
     )
@@ -275,9 +255,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--quality",
         action="store_true",
         help="compare translation quality at the same training time instead "
-        "(benchmarks/compare_quality.py; its options below)",
+        "(benchmarks/compare_quality.py, whose options follow --quality; see "
+        "python -m benchmarks.compare_quality --help)",
     )
-    compare_quality.add_arguments(p)
     a = p.parse_args(argv)
     a.presets = ["smoke"] if a.smoke else [s for s in a.preset.split(",") if s]
     if a.smoke:
@@ -295,7 +275,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    raw = sys.argv[1:] if argv is None else argv
+    # the quality comparison has its own options (benchmarks/compare_quality.py)
+    args = parse_args(raw) if "--quality" not in raw else None
     missing = missing_peers()
     if missing:
         print(
@@ -304,13 +286,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args is None:
+        return run_experiment("compare_quality", [a for a in raw if a != "--quality"])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the hub
-    from benchmarks import benchmark
-
-    if args.quality:
-        info = machine_info("float32")
-        machine = f"{info['cpu']}, {info['cpus_usable']} cores"
-        return compare_quality.run(args, machine)
     import torch
     import transformers
 
@@ -319,22 +297,15 @@ def main(argv: list[str] | None = None) -> int:
 
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(threads)
+    presets = {**FIXED, "smoke": SMOKE_PRESET} if args.smoke else FIXED
+    bench_args: dict[str, Any] = dict(
+        steps=args.steps, warmup=args.warmup, decode_repeats=args.decode_repeats
+    )
     if args.smoke:
-        benchmark.FIXED.setdefault("smoke", SMOKE_PRESET)
-    bench_args = [
-        "--steps",
-        str(args.steps),
-        "--warmup",
-        str(args.warmup),
-        "--decode-repeats",
-        str(args.decode_repeats),
-    ]
-    if args.smoke:
-        bench_args += ["--peak-size", "256", "--peak-repeats", "2"]
+        bench_args.update(peak_size=256, peak_repeats=2)
     # ours at each precision: float32, or bfloat16 operands of a float32 model
     benches = {
-        p: benchmark.Bench(benchmark.parse_args([*bench_args, "--matmul-dtype", p]))
-        for p in args.precisions
+        p: FixedBench(fixed_options(**bench_args, matmul_dtype=p), presets) for p in args.precisions
     }
     start = time.perf_counter()
     meta = {
@@ -356,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         first = benches[args.precisions[0]]
         for name in args.presets:
             peers[name] = Marian(first.fixed(name), Path(tmp) / name, threads)
-            meta["presets"][name] = benchmark.FIXED[name]
+            meta["presets"][name] = presets[name]
         for r in range(args.rounds):
             rounds.append({})
             order = args.precisions if r % 2 == 0 else args.precisions[::-1]
@@ -387,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + table)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(benchmark._jsonable(result), indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(jsonable(result), indent=1) + "\n")
         print(f"\nwrote {args.json}")
     if args.docs:
         write_docs(Path(args.docs), table, DOCS_BEGIN, DOCS_END)

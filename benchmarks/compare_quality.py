@@ -3,7 +3,8 @@
 and post-norm, against two same-size PyTorch peers of the same norm placement, each trained
 with the plain recipe and at its best on dev, on held-out test sets, two seeds, paired tests.
 
-Run as ``python -m benchmarks.compare --quality`` (same optional extra ``compare``).
+Run as ``python -m benchmarks.compare_quality`` or ``python -m benchmarks.compare --quality``
+(the same options; the same optional extra ``compare``).
 
 Held-out test sets. No proxy is tested on the shipped dev or test split (the preset's settings
 were chosen looking at them). Each proxy's test set is carved out of the shipped TRAIN split as
@@ -90,14 +91,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from benchmarks.harness import read_lines, write_docs
+from benchmarks.harness import machine_info, read_lines, write_docs
 from benchmarks.peers import (
     ARCHS,
+    INSTALL,
     PLAIN,
     SCHEDULES,
     GridPoint,
     PeerSetup,
     grid_points,
+    missing_peers,
     train_peer,
 )
 from benchmarks.quality_records import (
@@ -719,6 +722,18 @@ def print_plan(args: argparse.Namespace) -> tuple[int, int]:
 # -- the command line ------------------------------------------------------------------------------
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    p.add_argument("--json", help="write the table's figures as JSON to this file")
+    p.add_argument(
+        "--docs",
+        help="replace the table between the compare.py quality markers in this Markdown file "
+        "(docs/benchmarks.md)",
+    )
+    return p.parse_args(argv)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("--quality")
     g.add_argument(
@@ -1050,3 +1065,22 @@ def run(args: argparse.Namespace, machine: str) -> int:
         write_docs(Path(args.docs), text, DOCS_BEGIN, DOCS_END)
         print(f"updated the quality table in {args.docs}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    missing = missing_peers()
+    if missing:
+        print(
+            f"benchmarks/compare_quality.py needs the optional extra 'compare' "
+            f"({', '.join(missing)} not installed). Install it with:\n{INSTALL}",
+            file=sys.stderr,
+        )
+        return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the hub
+    info = machine_info("float32")
+    return run(args, f"{info['cpu']}, {info['cpus_usable']} cores")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,7 +34,6 @@ Prints a JSON record and writes ``<out>/data_scale_<pairs>[_<K>p].json``.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import re
@@ -46,40 +45,10 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import numpy as np
+from benchmarks.harness import SHIPPED, build_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = ROOT / "data" / "tatoeba-en-es"
 PHASES = ("read_seconds", "tokenizer_seconds", "tokenize_seconds", "token_cache_seconds")
-
-
-def build_corpus(pairs: int, join: int, directory: Path, seed: int = 0) -> Path:
-    """``{directory}/train{pairs}.{en,es}``: ``pairs`` lines, each ``join`` shipped training
-    pairs joined by a space (indices from ``default_rng(seed)``); kept if already complete."""
-    prefix = directory / f"train{pairs}x{join}"
-    done = prefix.with_suffix(".done")
-    if done.is_file():
-        return prefix
-    directory.mkdir(parents=True, exist_ok=True)
-    sides = {
-        lang: gzip.decompress((SHIPPED / f"train.{lang}.gz").read_bytes()).decode().splitlines()
-        for lang in ("en", "es")
-    }
-    n = len(sides["en"])
-    rng = np.random.default_rng(seed)
-    files = {lang: open(f"{prefix}.{lang}", "w", encoding="utf-8") for lang in sides}
-    try:
-        for first in range(0, pairs, 100_000):
-            rows = rng.integers(0, n, size=(min(100_000, pairs - first), join))
-            for lang, lines in sides.items():
-                files[lang].write(
-                    "".join(" ".join(lines[i] for i in row) + "\n" for row in rows.tolist())
-                )
-    finally:
-        for f in files.values():
-            f.close()
-    done.write_text(str(pairs))
-    return prefix
 
 
 def _free_port() -> int:

@@ -1,14 +1,17 @@
 """What the experiments share: the machine's description, peak RSS, a ``python -m seq2seq``
-command run with a log, a marked table written into a docs page, the package versions, and
-the lines of a (gzipped) corpus file.
+command run with a log, another experiment run as a command, a marked table written into a
+docs page, figures made JSON-ready, the package versions, the lines of a (gzipped) corpus file
+and a synthetic corpus of joined shipped pairs.
 
-Light at import (the standard library only): ``jax`` is imported by the functions that need it.
+Light at import (the standard library only): ``jax`` and ``numpy`` are imported by the
+functions that need them.
 """
 
 from __future__ import annotations
 
 import gzip
 import importlib
+import math
 import os
 import platform
 import resource
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "data" / "tatoeba-en-es"
 
 
 # -- the machine ----------------------------------------------------------------------------------
@@ -154,6 +158,13 @@ def run_command(command: list[str], log: Path) -> tuple[str, float]:
     return out, usage.ru_maxrss / 1024.0  # kilobytes on Linux
 
 
+def run_experiment(name: str, argv: list[str]) -> int:
+    """Run ``python -m benchmarks.NAME ARGV`` in a child process, its output passing through
+    (an experiment that offers another's command line hands it over without importing it);
+    its exit status."""
+    return subprocess.call([sys.executable, "-m", f"benchmarks.{name}", *argv], env=child_env())
+
+
 def write_docs(path: Path, table: str, begin: str, end: str) -> None:
     """Replace the text between the ``begin`` and ``end`` lines of ``path``."""
     text = path.read_text(encoding="utf-8")
@@ -173,3 +184,52 @@ def read_lines(path: Path) -> list[str]:
     if not text:
         return []
     return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` with numpy scalars as Python numbers, tuples as lists, keys as strings and
+    non-finite floats as None (``json.dumps`` writes the result as strict JSON)."""
+    import numpy as np
+
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def build_corpus(pairs: int, join: int, directory: Path, seed: int = 0) -> Path:
+    """``{directory}/train{pairs}.{en,es}``: ``pairs`` lines, each ``join`` shipped training
+    pairs joined by a space (indices from ``default_rng(seed)``); kept if already complete."""
+    import numpy as np
+
+    prefix = directory / f"train{pairs}x{join}"
+    done = prefix.with_suffix(".done")
+    if done.is_file():
+        return prefix
+    directory.mkdir(parents=True, exist_ok=True)
+    sides = {
+        lang: gzip.decompress((SHIPPED / f"train.{lang}.gz").read_bytes()).decode().splitlines()
+        for lang in ("en", "es")
+    }
+    n = len(sides["en"])
+    rng = np.random.default_rng(seed)
+    files = {lang: open(f"{prefix}.{lang}", "w", encoding="utf-8") for lang in sides}
+    try:
+        for first in range(0, pairs, 100_000):
+            rows = rng.integers(0, n, size=(min(100_000, pairs - first), join))
+            for lang, lines in sides.items():
+                files[lang].write(
+                    "".join(" ".join(lines[i] for i in row) + "\n" for row in rows.tolist())
+                )
+    finally:
+        for f in files.values():
+            f.close()
+    done.write_text(str(pairs))
+    return prefix

@@ -1,4 +1,4 @@
-"""The PyTorch peers.
+"""The PyTorch peers, and what installs them (``PEERS``, ``missing_peers``, ``INSTALL``).
 
 The speed peer of ``benchmarks/compare.py`` and ``benchmarks/profile_step.py`` (``Marian``): a
 randomly initialised MarianMT of a preset's sizes and its CTranslate2 conversion, timed at
@@ -44,6 +44,7 @@ recomputes the prefix at every step (no cache): slower, the same numbers.
 
 from __future__ import annotations
 
+import importlib
 import math
 import random
 import time
@@ -52,10 +53,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+# the packages of the optional extra ``compare`` and how to install them
+PEERS = ("torch", "transformers", "ctranslate2")
+INSTALL = (
+    "pip install 'torch==2.13.*' --index-url https://download.pytorch.org/whl/cpu  "
+    "# the CPU build (a plain 'pip install torch' on Linux is a CUDA build of several GB)\n"
+    "pip install -e '.[compare]'"
+)
 ARCHS = {
     "post": "MarianMT (Hugging Face), post-norm",
     "pre": "torch.nn.Transformer(norm_first=True), pre-norm",
 }
+
+
+def missing_peers() -> list[str]:
+    """The packages of the ``compare`` extra that do not import."""
+    missing = []
+    for name in PEERS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
 # The peers' shared recipe (issue 21); the grid point sets the rate, warmup, schedule, dropout.
 RECIPE = dict(
     learning_rate=1e-3,

@@ -2,7 +2,7 @@
 """Where a training step's time goes, ours against PyTorch MarianMT at the same precision
 (float32): the forward pass with the loss, the backward pass, and the rest of the step (gradient
 clipping and the AdamW update), for the fixed ``tiny`` and ``base`` presets of
-``benchmarks/benchmark.py`` on the random batches ``benchmarks/compare.py`` trains on.
+``benchmarks/presets.py`` on the random batches ``benchmarks/compare.py`` trains on.
 
 Each side is timed in three nested programs, alternating between the sides call by call:
 forward (loss only), forward + backward (the gradients), and the whole training step; the
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import jax
 
-from benchmarks import benchmark
 from benchmarks.harness import machine_info
 from benchmarks.peers import Marian
+from benchmarks.presets import FIXED, fixed_batches
 from seq2seq.config import ModelConfig, TrainConfig
 from seq2seq.data.tokenizer import BOS_ID
 from seq2seq.model import build_model
@@ -114,10 +114,10 @@ def profile(name: str, calls: int, threads: int, directory: Path) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    spec = benchmark.FIXED[name]
+    spec = FIXED[name]
     model_cfg = ModelConfig(**spec["model"], dropout_rate=0.1)
     train_cfg = TrainConfig(label_smoothing=0.1)
-    batch = benchmark.fixed_batches(1, spec["batch"], spec["length"], model_cfg.vocab_size)[0]
+    batch = fixed_batches(1, spec["batch"], spec["length"], model_cfg.vocab_size)[0]
     sides = {
         "ours": ours(model_cfg, train_cfg, batch),
         "pytorch": pytorch(

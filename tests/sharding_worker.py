@@ -27,28 +27,28 @@ from pathlib import Path
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import BOS, packed_batch, random_pairs, tiny_config  # noqa: E402
+# run as a script: its directory (tests/) is first on the path
+from conftest import BOS, packed_batch, random_pairs, tiny_config
 
 from seq2seq.config import (
     Config,
     DecodeConfig,
     DistributedConfig,
-    MeshConfig,  # noqa: E402
+    MeshConfig,
     TrainConfig,
 )
-from seq2seq.model import build_model  # noqa: E402
-from seq2seq.sharding import Partitioner, initialize_distributed, make_mesh  # noqa: E402
-from seq2seq.training.checkpoints import Checkpointer  # noqa: E402
+from seq2seq.model import build_model
+from seq2seq.sharding import Partitioner, initialize_distributed, make_mesh
+from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.step import (
-    abstract_train_state,  # noqa: E402
+    abstract_train_state,
     create_train_state,
-    make_eval_step,  # noqa: E402
+    make_eval_step,
     make_optimizer,
     make_train_step,
     sharded_train_step,
 )
-from seq2seq.translation import Translator  # noqa: E402
+from seq2seq.translation import Translator
 
 MESHES = ((8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 8))
 STEPS = 3

@@ -301,7 +301,7 @@ def test_quality_comparison_records_each_training_and_resumes_from_the_records(t
 
 
 def test_quality_options_are_checked(tmp_path, capsys):
-    from benchmarks import compare, compare_quality
+    from benchmarks import compare_quality
 
     plain = "the grid must hold the plain recipe's point (learning rate 0.001, warmup 400"
     for argv, message in (
@@ -320,8 +320,8 @@ def test_quality_options_are_checked(tmp_path, capsys):
         (["--config", "nowhere.yaml"], "--config nowhere.yaml"),
         (["--test-pairs", "50000"], "--test-pairs 50000: the 108126 groups of at most 8"),
     ):
-        args = compare.parse_args(
-            ["--quality", "--out", str(tmp_path / "q"), "--records", str(tmp_path / "r"), *argv]
+        args = compare_quality.parse_args(
+            ["--out", str(tmp_path / "q"), "--records", str(tmp_path / "r"), *argv]
         )
         assert compare_quality.run(args, "machine") == 2, argv
         assert message in capsys.readouterr().err, argv
@@ -329,10 +329,10 @@ def test_quality_options_are_checked(tmp_path, capsys):
 
 
 def test_the_default_plan_holds_the_plain_point_and_says_its_hours(tmp_path, capsys):
-    from benchmarks import compare, compare_quality
+    from benchmarks import compare_quality
     from benchmarks.peers import PLAIN, GridPoint
 
-    args = compare.parse_args(["--quality", "--records", str(tmp_path)])
+    args = compare_quality.parse_args(["--records", str(tmp_path)])
     compare_quality.check(args)
     grid = compare_quality.peer_grid(args)
     assert len(grid) == 3 * 2 * 2 and PLAIN in grid  # rates × warmups × schedules

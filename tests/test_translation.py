@@ -222,13 +222,12 @@ def test_invalid_options_are_rejected(parts):
 SHARDED = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
-    sys.path.insert(0, sys.argv[1])
     from test_translation import DECODE, LINES, SAMPLING, as_tuples, tiny_parts
     from seq2seq.config import MeshConfig
     from seq2seq.sharding import Partitioner, make_mesh
     from seq2seq.translation import Translator
     assert jax.device_count() == 8, jax.devices()
-    tokenizer, graphdef, params = tiny_parts(sys.argv[2])
+    tokenizer, graphdef, params = tiny_parts(sys.argv[1])
     partitioner = Partitioner(make_mesh(MeshConfig(data=8)))
     out = {}
     for name, config in (("beam", DECODE), ("sampling", SAMPLING)):
@@ -241,9 +240,11 @@ SHARDED = textwrap.dedent("""
 
 
 def test_translation_is_identical_on_1_and_8_devices(parts, tokenizer_path):
-    env = dict(os.environ, XLA_FLAGS=xla_flags(8), JAX_PLATFORMS="cpu")
+    # the child imports this module (and conftest) from tests/
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, XLA_FLAGS=xla_flags(8), JAX_PLATFORMS="cpu", PYTHONPATH=path)
     proc = subprocess.run(
-        [sys.executable, "-c", SHARDED, str(Path(__file__).parent), tokenizer_path],
+        [sys.executable, "-c", SHARDED, tokenizer_path],
         env=env,
         capture_output=True,
         text=True,

@@ -1,5 +1,6 @@
 """The checks that need an accelerator, ready before one is lent (issue 34); run by
-``tools/gpu_check.sh`` after the GPU-marked tests.
+``tools/gpu_check.sh`` after the GPU-marked tests, as ``python -m tools.gpu_check`` from the
+repository root.
 
 Sections, each printed as measured and written together as JSON (``--out``):
 
@@ -16,6 +17,7 @@ Sections, each printed as measured and written together as JSON (``--out``):
   difference of the outputs and of the gradients, and whether either has a NaN.
 * ``train``: the real ``seq2seq-train`` for ``--train-steps`` steps of
   ``transformer_base.yaml`` on the synthetic WMT-size corpus of ``benchmarks/data_scale.py``
+  (``benchmarks.harness.build_corpus``)
   (``--pairs`` pairs), reporting its log's start-up phases and its last loss.
 
 ``--dry`` shrinks everything (a tiny model, 2 steps, 64-token batches, 2,000 pairs, the
@@ -40,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.harness import SHIPPED, build_corpus
 from seq2seq import plan
 from seq2seq.config import load_config, replace
 from seq2seq.data.batching import PackedBatches
@@ -49,8 +52,6 @@ from seq2seq.model.flops import train_flops_per_step
 from seq2seq.training.step import create_train_state, make_optimizer, make_train_step
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the benchmarks package, when run as ``python tools/gpu_check.py``
-from benchmarks.data_scale import SHIPPED, build_corpus  # noqa: E402
 
 # Nominal dense bfloat16 peaks (FLOP/s) of the accelerators the presets are meant for.
 NOMINAL_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}

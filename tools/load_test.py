@@ -1,7 +1,7 @@
 """Load test of a running ``seq2seq-serve``: N concurrent clients, a fixed number of requests.
 
     .venv/bin/seq2seq-serve --workdir runs/tatoeba_en_es &
-    .venv/bin/python tools/load_test.py --url http://127.0.0.1:8000 --clients 8 --requests 200
+    .venv/bin/python -m tools.load_test --url http://127.0.0.1:8000 --clients 8 --requests 200
 
 Each client sends its share of the requests one after another (POST /translate, LibreTranslate
 body, ``--sentences`` lines of the shipped test split each, in turn); the script prints the
@@ -102,7 +102,6 @@ def random_run(workdir: str, config: str = "configs/tatoeba_en_es.yaml") -> None
     its SentencePiece model trained on the first 20,000 training pairs: a server to measure
     in seconds instead of the preset's 16-minute training. Its outputs run to the length
     limit (a·|x| + b), the slowest case of the search. Needs this checkout's package."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from seq2seq.config import load_config, save_config
     from seq2seq.data.sources import read_lines
     from seq2seq.data.tokenizer import train_or_load

@@ -1,6 +1,6 @@
 """Screenshot of ``seq2seq-serve``'s web page translating a sentence with a trained run.
 
-    .venv/bin/python tools/serve_screenshot.py --workdir runs/tatoeba_en_es
+    .venv/bin/python -m tools.serve_screenshot --workdir runs/tatoeba_en_es
 
 starts ``seq2seq-serve`` on the run (127.0.0.1, a free port), waits for ``GET /health``, opens
 the page in headless Chromium through Selenium (the browser ``tests/test_serve.py`` uses:
