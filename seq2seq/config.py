@@ -5,7 +5,8 @@ command-line overrides (``model.d_model=512``) and checks every key and type aga
 schema, so an unknown key or a wrong type is an error that names the full key
 (``model.d_modle``). The merged result is converted back to plain frozen dataclasses, so the
 rest of the code reads ordinary attributes and never sees OmegaConf. Every field states its
-rules in the schema (``rule``): how it behaves on resume and on fine-tuning, and its choices.
+rules in the schema (``rule``): how it behaves on resume and on fine-tuning, its choices, its
+range (``Range``) and the searches it applies to.
 A config from a file still holds placeholders (0 or null: left to the recipe or the
 tokenizer); ``seq2seq.resolve`` turns it into a run's final config.
 """
@@ -18,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast, get_type_hints
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -42,13 +43,61 @@ RESUME_RULES = (FREE, FIXED, REMAPPED)
 FINETUNE_RULES = (FREE, FIXED, PARENT)
 
 
+class Range(NamedTuple):
+    """The values a numeric key may take: at least ``low`` and at most ``high`` (None: no
+    bound), each bound excluded when ``low_open`` / ``high_open``; ``note`` says what a
+    value means (``0 = off``). A null (an optional key left unset) is never out of range.
+
+    The one statement of the rule: config validation (``problem``, ``range_problems``) and
+    the command line's flags for the key (``seq2seq.cli.common.flag_type``) both read it.
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    note: str = ""
+
+    def contains(self, value: float) -> bool:
+        """Whether ``value`` is in the range (NaN never is)."""
+        low, high = self.low, self.high
+        if low is not None and not (value > low if self.low_open else value >= low):
+            return False
+        return high is None or bool(value < high if self.high_open else value <= high)
+
+    def text(self) -> str:
+        """The rule as messages write it: ``≥ 1``, ``> 0``, ``in (0, 1] (1 = off)``."""
+        if self.low is not None and self.high is not None:
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            bounds = f"in {left}{self.low:g}, {self.high:g}{right}"
+        elif self.low is not None:
+            bounds = f"{'>' if self.low_open else '≥'} {self.low:g}"
+        else:
+            bounds = f"{'<' if self.high_open else '≤'} {self.high:g}"
+        return bounds + (f" ({self.note})" if self.note else "")
+
+    def problem(self, value: Any) -> str | None:
+        """``must be ≥ 1, got 0`` for a value outside the range, else None."""
+        if value is None or self.contains(value):
+            return None
+        return f"must be {self.text()}, got {value}"
+
+
+SAMPLING = "sampling"  # Rule.only_for: read only by a search that samples (Strategy.samples)
+
+
 class Rule(NamedTuple):
     """A key's rules: ``resume`` (one of ``RESUME_RULES``), ``finetune`` (one of
-    ``FINETUNE_RULES``) and its ``choices`` (empty: any value of its type)."""
+    ``FINETUNE_RULES``), its ``choices`` (empty: any value of its type), its ``range`` (None:
+    any value of its type) and ``only_for``: ``SAMPLING`` for a key that only a search that
+    samples reads (``decode.search`` sampling, or mbr with sampled candidates), empty for a
+    key every search reads."""
 
     resume: str
     finetune: str
     choices: tuple[str, ...]
+    range: Range | None = None
+    only_for: str = ""
 
 
 def rule(
@@ -58,12 +107,14 @@ def rule(
     resume: str,
     finetune: str = FREE,
     choices: tuple[str, ...] = (),
+    range: Range | None = None,
+    only_for: str = "",
 ) -> Any:
     """A schema field (``dataclasses.field``) with its ``Rule`` in its metadata."""
     return field(
         default=default,
         default_factory=default_factory,
-        metadata={"rule": Rule(resume, finetune, choices)},
+        metadata={"rule": Rule(resume, finetune, choices, range, only_for)},
     )
 
 
@@ -543,21 +594,25 @@ class DecodeConfig:
     """
 
     search: str = rule("beam", resume=FREE, choices=("beam", "greedy", "sampling", "mbr"))
-    beam_size: int = rule(4, resume=FREE)
-    alpha: float = rule(0.6, resume=FREE)
+    beam_size: int = rule(4, resume=FREE, range=Range(1))
+    alpha: float = rule(0.6, resume=FREE, range=Range(0))
     length_penalty: str = rule("gnmt", resume=FREE, choices=("gnmt", "plain", "none"))
-    max_len_a: float = rule(1.5, resume=FREE)
-    max_len_b: int = rule(10, resume=FREE)
-    min_length: int = rule(0, resume=FREE)
-    max_tokens: int = rule(8192, resume=FREE)
+    max_len_a: float = rule(1.5, resume=FREE, range=Range(0))
+    max_len_b: int = rule(10, resume=FREE, range=Range(1))
+    min_length: int = rule(0, resume=FREE, range=Range(0))
+    max_tokens: int = rule(8192, resume=FREE, range=Range(1))
     test_limit: int = rule(0, resume=FREE)
-    temperature: float = rule(1.0, resume=FREE)
-    top_k: int = rule(0, resume=FREE)
-    top_p: float = rule(1.0, resume=FREE)
-    seed: int = rule(0, resume=FREE)
-    epsilon: float | None = rule(None, resume=FREE)
+    temperature: float = rule(1.0, resume=FREE, range=Range(0, low_open=True), only_for=SAMPLING)
+    top_k: int = rule(0, resume=FREE, range=Range(0, note="0 = off"), only_for=SAMPLING)
+    top_p: float = rule(
+        1.0, resume=FREE, range=Range(0, 1, low_open=True, note="1 = off"), only_for=SAMPLING
+    )
+    seed: int = rule(0, resume=FREE, only_for=SAMPLING)
+    epsilon: float | None = rule(
+        None, resume=FREE, range=Range(0, 1, high_open=True, note="0 = off"), only_for=SAMPLING
+    )
     mbr_candidates: str = rule("sampling", resume=FREE, choices=("sampling", "beam"))
-    mbr_size: int = rule(16, resume=FREE)
+    mbr_size: int = rule(16, resume=FREE, range=Range(2, note="candidates per sentence"))
     allow_unk: bool = rule(False, resume=FREE)
 
     def __post_init__(self):
@@ -622,8 +677,8 @@ class DistributedConfig:
     """
 
     coordinator_address: str | None = rule(None, resume=FREE)
-    num_processes: int | None = rule(None, resume=FREE)
-    process_id: int | None = rule(None, resume=FREE)
+    num_processes: int | None = rule(None, resume=FREE, range=Range(1))
+    process_id: int | None = rule(None, resume=FREE, range=Range(0))
     auto: bool = rule(False, resume=FREE)
     initialization_timeout: int = rule(300, resume=FREE)
 
@@ -690,9 +745,49 @@ def choices(key: str) -> tuple[str, ...]:
     return rule_of(key).choices
 
 
+def range_of(key: str) -> Range | None:
+    """The ``Range`` of a dotted key (``decode.top_p``), None when it has none."""
+    return rule_of(key).range
+
+
+def key_type(key: str) -> type:
+    """The type of a dotted key's values (``int`` for ``decode.beam_size``; ``float`` for the
+    optional ``decode.epsilon``: the type besides None).
+
+    Raises:
+      KeyError: the key is not a leaf of the schema.
+    """
+    section: Any = Config
+    *heads, name = key.split(".")
+    for head in heads:
+        section = get_type_hints(section).get(head)
+        if not (isinstance(section, type) and dataclasses.is_dataclass(section)):
+            raise KeyError(key)
+    hint = get_type_hints(section).get(name)
+    if hint is None:
+        raise KeyError(key)
+    found = [t for t in getattr(hint, "__args__", (hint,)) if t is not type(None)]
+    return cast(type, found[0])
+
+
+def range_problems(section: Any, prefix: str) -> list[str]:
+    """``decode.top_p must be in (0, 1] (1 = off), got 1.5`` for every value of ``section``
+    (a schema dataclass such as a ``DecodeConfig``, its keys under ``prefix``) outside its
+    key's ``Range``, in the schema's order."""
+    out = []
+    for f in dataclasses.fields(section):
+        found = f.metadata.get("rule")
+        problem = found.range.problem(getattr(section, f.name)) if found and found.range else None
+        if problem:
+            out.append(f"{prefix}{f.name} {problem}")
+    return out
+
+
 # Keys that may change when a run resumes, and those whose change moves the data position.
 RESUMABLE = tuple(k for k, r in rules().items() if r.resume == FREE)
 BATCHING = tuple(k for k, r in rules().items() if r.resume == REMAPPED)
+# Keys that only a search that samples reads (their flags are refused with any other search).
+SAMPLING_ONLY = tuple(k for k, r in rules().items() if r.only_for == SAMPLING)
 
 
 def _set_corpus_lists(merged: Any, layer: Any) -> Any:

@@ -29,10 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from seq2seq.config import DecodeConfig
+from seq2seq.config import DecodeConfig, range_problems
 from seq2seq.data.pipeline import unknown_rate
 from seq2seq.data.tokenizer import Tokenizer, TokenizerPair
-from seq2seq.decoding import LENGTH_PENALTIES, check_sampling, length_penalty, target_logprobs_jit
+from seq2seq.decoding import LENGTH_PENALTIES, length_penalty, target_logprobs_jit
 from seq2seq.search import Rules, strategy
 from seq2seq.sharding import Partitioner
 
@@ -116,33 +116,12 @@ def check_decode_config(config: DecodeConfig) -> None:
     Raises:
       ValueError: a value is out of range; the message names the ``decode.*`` key.
     """
-    problems = []
-    if config.beam_size < 1:
-        problems.append(f"decode.beam_size must be ≥ 1, got {config.beam_size}")
-    if config.alpha < 0:
-        problems.append(f"decode.alpha must be ≥ 0, got {config.alpha}")
+    problems = range_problems(config, "decode.")  # each key's Range in the schema
     if config.length_penalty not in LENGTH_PENALTIES:
         problems.append(
             f"decode.length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, "
             f"got {config.length_penalty!r}"
         )
-    if config.max_len_a < 0 or config.max_len_b < 1:
-        problems.append(
-            f"decode.max_len_a must be ≥ 0 and decode.max_len_b ≥ 1, got "
-            f"{config.max_len_a} and {config.max_len_b}"
-        )
-    if config.min_length < 0:
-        problems.append(f"decode.min_length must be ≥ 0, got {config.min_length}")
-    if config.max_tokens < 1:
-        problems.append(f"decode.max_tokens must be ≥ 1, got {config.max_tokens}")
-    if config.mbr_size < 2:
-        problems.append(
-            f"decode.mbr_size must be ≥ 2 (candidates per sentence), got {config.mbr_size}"
-        )
-    try:
-        check_sampling(config.temperature, config.top_k, config.top_p, config.sampling_epsilon)
-    except ValueError as e:
-        problems.append(f"decode.{e}")
     if problems:
         raise ValueError("; ".join(problems))
 

@@ -7,10 +7,19 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from seq2seq.config import ConfigError, choices, load_config
+from seq2seq.config import (
+    SAMPLING_ONLY,
+    ConfigError,
+    Range,
+    choices,
+    key_type,
+    load_config,
+    range_of,
+)
 
 # every command logs as seq2seq.cli (benchmarks/data_scale.py reads its train.log lines)
 LOG = logging.getLogger("seq2seq.cli")
@@ -48,46 +57,35 @@ def _config_from_argv(prog: str, description: str, argv: Sequence[str] | None):
         return _fail(str(e))
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
-    return value
+def _checked(kind: type, bounds: Range | None, name: str) -> Callable[[str], Any]:
+    """An argparse type: ``kind(text)``, refused outside ``bounds`` with its rule
+    (``argparse.ArgumentTypeError``: ``must be ≥ 1, got 0``); ``name`` is what argparse calls
+    it in ``invalid NAME value: 'x'``."""
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        problem = bounds.problem(value) if bounds is not None else None
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    parse.__name__ = name
+    return parse
 
 
-def _nonnegative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {value}")
-    return value
+def flag_type(key: str) -> Callable[[str], Any]:
+    """The argparse type of a flag that sets the config key ``key``: the key's type
+    (``seq2seq.config.key_type``) within its ``Range`` (``seq2seq.config.range_of``), refused
+    with the rule config validation states (``--top-p 1.5``: ``must be in (0, 1] (1 = off), got
+    1.5``, as ``decode.top_p must be in (0, 1] (1 = off), got 1.5``)."""
+    kind = key_type(key)
+    return _checked(kind, range_of(key), kind.__name__)
 
 
-def _nonnegative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def _unit_interval(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
-    return value
-
-
-def _probability(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
+# flags that set no config key (counts, limits and ports of the commands themselves)
+_positive_int = _checked(int, Range(1), "_positive_int")
+_nonnegative_int = _checked(int, Range(0), "_nonnegative_int")
+_nonnegative_float = _checked(float, Range(0), "_nonnegative_float")
 
 
 # command-line option → decode config key (None = keep the run's value)
@@ -105,7 +103,8 @@ _DECODE_OPTIONS = {
     "mbr_size": "mbr_size",
     "mbr_candidates": "mbr_candidates",
 }
-_SAMPLING_ONLY = ("temperature", "top_k", "top_p", "epsilon", "seed")
+# the options of the keys only a search that samples reads (the schema's Rule.only_for)
+_SAMPLING_ONLY = tuple(o for o, k in _DECODE_OPTIONS.items() if f"decode.{k}" in SAMPLING_ONLY)
 
 
 class _Repeatable(argparse.Action):
@@ -150,7 +149,7 @@ def _add_matmul_option(parser: argparse.ArgumentParser) -> None:
     """``--matmul-dtype``: the operand dtype of the projections at inference."""
     parser.add_argument(
         "--matmul-dtype",
-        choices=("float32", "bfloat16"),
+        choices=choices("model.matmul_dtype"),
         help="operand dtype of every projection (default: the run's model.matmul_dtype); "
         "float32 gives scores that do not depend on the batch",
     )
@@ -169,13 +168,19 @@ def _decode_parser(
         "risk: the candidate with the highest mean chrF against the others)",
     )
     search.add_argument(
-        "--beam", type=_positive_int, help="beam size of --search beam (1 = greedy search)"
+        "--beam",
+        type=flag_type("decode.beam_size"),
+        help="beam size of --search beam (1 = greedy search)",
     )
-    search.add_argument("--alpha", type=_nonnegative_float, help="length-penalty exponent")
+    search.add_argument("--alpha", type=flag_type("decode.alpha"), help="length-penalty exponent")
     search.add_argument(
-        "--min-length", type=_nonnegative_int, help="at least this many tokens before EOS"
+        "--min-length",
+        type=flag_type("decode.min_length"),
+        help="at least this many tokens before EOS",
     )
-    search.add_argument("--max-tokens", type=_positive_int, help="source tokens per batch")
+    search.add_argument(
+        "--max-tokens", type=flag_type("decode.max_tokens"), help="source tokens per batch"
+    )
     sampling = parser.add_argument_group("sampling (--search sampling, or MBR's candidates)")
     sampling.add_argument(
         "--sampling",
@@ -184,27 +189,33 @@ def _decode_parser(
         const="sampling",
         help="--search sampling: --nbest N then gives N independent samples per line",
     )
-    sampling.add_argument("--temperature", type=_positive_float, help="default 1")
+    sampling.add_argument("--temperature", type=flag_type("decode.temperature"), help="default 1")
     sampling.add_argument(
-        "--top-k", type=_nonnegative_int, help="sample among the K most probable tokens (0 = all)"
+        "--top-k",
+        type=flag_type("decode.top_k"),
+        help="sample among the K most probable tokens (0 = all)",
     )
     sampling.add_argument(
         "--top-p",
-        type=_probability,
+        type=flag_type("decode.top_p"),
         help="nucleus sampling: smallest set with this probability mass",
     )
     sampling.add_argument(
         "--epsilon",
-        type=_unit_interval,
+        type=flag_type("decode.epsilon"),
         help="epsilon sampling: drop tokens less probable than this (0 = off; default: "
         "0.02 for MBR's sampled candidates, else off)",
     )
     sampling.add_argument(
-        "--seed", type=int, help="a line's samples depend on the seed and its line number only"
+        "--seed",
+        type=flag_type("decode.seed"),
+        help="a line's samples depend on the seed and its line number only",
     )
     mbr = parser.add_argument_group("MBR (--search mbr)")
     mbr.add_argument(
-        "--mbr-size", type=_positive_int, help="candidates per sentence, also the references"
+        "--mbr-size",
+        type=flag_type("decode.mbr_size"),
+        help="candidates per sentence, also the references",
     )
     mbr.add_argument(
         "--mbr-candidates",

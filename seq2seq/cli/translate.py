@@ -16,11 +16,11 @@ from seq2seq.cli.common import (
     _format_words,
     _load,
     _members,
-    _nonnegative_int,
     _positive_int,
     _read_lines,
     _setup_logging,
     _translator,
+    flag_type,
 )
 
 
@@ -166,8 +166,14 @@ def _add_bulk_options(parser: argparse.ArgumentParser) -> None:
         help="host:port of process 0 for a multi-process job (jax.distributed, as "
         "distributed.* in training); each process decodes its share of the chunks",
     )
-    bulk.add_argument("--num-processes", type=_positive_int, help="processes of the job")
-    bulk.add_argument("--process-id", type=_nonnegative_int, help="this process's index")
+    bulk.add_argument(
+        "--num-processes",
+        type=flag_type("distributed.num_processes"),
+        help="processes of the job",
+    )
+    bulk.add_argument(
+        "--process-id", type=flag_type("distributed.process_id"), help="this process's index"
+    )
 
 
 _BULK_ONLY = {"chunk_lines", "coordinator_address", "num_processes", "process_id"}
