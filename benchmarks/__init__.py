@@ -9,6 +9,7 @@ docstring gives the options and the page it writes):
   (docs/benchmarks.md).
 * ``compare``: ours against Hugging Face MarianMT (PyTorch) and CTranslate2 at equal work;
   ``--quality`` runs ``compare_quality``, translation quality at the same training time.
+* ``compare_quality``: that quality comparison (docs/benchmarks.md).
 * ``profile_step``: a training step's forward, backward and optimizer phases, ours against
   PyTorch (docs/benchmarks.md).
 * ``marian_peer``: a trained Marian checkpoint through ``seq2seq-import`` against ``generate``.
@@ -26,7 +27,9 @@ docstring gives the options and the page it writes):
   (docs/back_translation.md, docs/distillation.md).
 
 Shared by them, never run: ``harness`` (machine description, peak RSS, commands, docs
-tables, versions), ``peers`` (the PyTorch peers) and ``quality_records`` (the quality
-comparison's records and table). Operations tools (the GPU check, the load test, the
+tables, versions, a synthetic corpus), ``presets`` (the fixed-shape presets and their
+measurement), ``peers`` (the PyTorch peers) and ``quality_records`` (the quality comparison's
+records and table). No experiment imports another (tests/test_repository.py): one that offers
+another's command line runs it as a command. Operations tools (the GPU check, the load test, the
 screenshot, the corpus download) are in ``tools/``.
 """

@@ -590,7 +590,7 @@ class Bench(FixedBench):
             "(projections + attention, segment mask built from "
             "segment ids); nothing is run",
         }
-        paths = {
+        paths: dict[str, Callable[..., jax.Array]] = {
             "default": attention_layer_default,
             "chunked": functools.partial(attention_layer_chunked, chunk=a.attention_chunk),
         }

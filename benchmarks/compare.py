@@ -295,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
 
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
     torch.set_num_threads(threads)
     presets = {**FIXED, "smoke": SMOKE_PRESET} if args.smoke else FIXED
     bench_args: dict[str, Any] = dict(

@@ -603,7 +603,7 @@ def second_stage(
     ``--peer-dropouts`` (``ours``: ``ours_dropout``) that differs from its own."""
     p = best["point"]
     point = GridPoint(p["learning_rate"], p["warmup"], p["schedule"], p["dropout"])
-    out = []
+    out: list[tuple[float, GridPoint]] = []
     for d in args.dropout_list[1:]:
         rate = ours_dropout if d == "ours" else float(d)
         if rate != best["dropout"] and all(rate != x for x, _ in out):

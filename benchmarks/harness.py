@@ -93,9 +93,9 @@ def _total_memory() -> int | None:
         return None
 
 
-def versions(*names: str) -> dict[str, str]:
+def versions(*names: str) -> dict[str, str | None]:
     """``__version__`` of jax, jaxlib, flax, numpy and ``names`` (None where a module has none)."""
-    out = {}
+    out: dict[str, str | None] = {}
     for name in ("jax", "jaxlib", "flax", "numpy", *names):
         out[name] = getattr(importlib.import_module(name), "__version__", None)
     return out

@@ -219,7 +219,13 @@ def plot(results: dict, path: Path) -> None:
                 label = f"{attention}, {'one attention layer' if kind == 'layer' else 'train step'}"
                 ax.loglog(x, np.array(y) / 2**20, style, color=color, marker="o", label=label)
     ns = np.array(sorted({r["n"] for r in results["layer"]}))
-    ax.loglog(ns, notes_bytes(ns) / 2**20, ":", color="gray", label="notes: n² × 2 bytes")
+    ax.loglog(
+        ns,
+        np.array([notes_bytes(int(n)) for n in ns]) / 2**20,
+        ":",
+        color="gray",
+        label="notes: n² × 2 bytes",
+    )
     ax.set_xlabel("sequence length n (tokens)")
     ax.set_ylabel("compiled temp memory, fwd + bwd (MiB)")
     ax.set_title("Attention memory: dense grows as n², chunked as n")
@@ -301,7 +307,7 @@ def preset_memory(args) -> dict:
     config = load_config(str(ROOT / "configs" / "tatoeba_long.yaml"), [])
     d, m = config.data, config.model
     rows = d.max_tokens // d.max_len
-    out = {"rows": rows, "max_len": d.max_len}
+    out: dict[str, Any] = {"rows": rows, "max_len": d.max_len}
     for attention in ("dense", "chunked"):
         out[attention] = compiled_memory(
             "step", attention, d.max_len, m.attention_q_block, m.attention_kv_block,
@@ -335,7 +341,7 @@ def speed(args) -> dict:
             t = time.perf_counter()
             jax.block_until_ready(fn(*fargs))
             times[a].append(time.perf_counter() - t)
-    out = {a: statistics.median(t) for a, t in times.items()}
+    out: dict[str, Any] = {a: statistics.median(t) for a, t in times.items()}
     out["chunked_over_dense"] = out["chunked"] / out["dense"]
     out["samples"] = times
     out["load_average"] = list(os.getloadavg())

@@ -185,7 +185,7 @@ def table(results: list[Result], args: argparse.Namespace, command: str) -> str:
     for r in results:
         trained = (
             "–"
-            if r.trained is None
+            if r.trained is None or r.parameters is None
             else f"{r.trained:,} of {r.parameters:,} ({100 * r.trained / r.parameters:.2f}%)"
         )
         moments = None if r.moment_bytes is None else r.moment_bytes / 2**20

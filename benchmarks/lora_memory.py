@@ -48,7 +48,7 @@ def shaped(path: str) -> Config:
 def rows(config: Config, ranks: list[int]) -> list[tuple[str, int, int, int, int]]:
     """``(setting, parameters, trained, moment bytes, state bytes)`` for full fine-tuning and
     every rank × target set."""
-    settings = [("full fine-tuning", 0, ("attention",))]
+    settings: list[tuple[str, int, tuple[str, ...]]] = [("full fine-tuning", 0, ("attention",))]
     settings += [(f"LoRA r={r}, {' + '.join(t)}", r, t) for r in ranks for t in TARGETS]
     out = []
     for name, rank, targets in settings:

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     model.train()
     start, steps, epoch = time.perf_counter(), 0, 0
     while time.perf_counter() - start < a.seconds:
-        for batch in peer_batches(train, RECIPE["max_tokens"], epoch):
+        for batch in peer_batches(train, int(RECIPE["max_tokens"]), epoch):
             loss, _ = peer_update(peer, opt, sched, [train[i] for i in batch], pad, pad)
             steps += 1
             if steps % 100 == 0:

@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         systems.append((name, hyps))
         rows.append((name, translator.strategy.describe(), seconds))
         print(f"{name}: {seconds:.1f} s", file=sys.stderr)
+    assert sources is not None and refs is not None  # SYSTEMS is not empty
     comparison = evaluation.compare(systems, refs, metrics=("bleu", "chrf"))
     table = comparison.table()
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")

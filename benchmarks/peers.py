@@ -51,7 +51,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 # the packages of the optional extra ``compare`` and how to install them
 PEERS = ("torch", "transformers", "ctranslate2")
@@ -218,6 +218,7 @@ def check_peer_config(arch: str, m: Any) -> None:
 
 
 def _prenorm_class():
+    import jax.numpy as jnp
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -245,7 +246,7 @@ def _prenorm_class():
             if m.share_embeddings == "none":
                 self.output = torch.nn.Linear(d, vocab, bias=False)
                 torch.nn.init.xavier_uniform_(self.output.weight)
-            table = sinusoidal_embedding(np.arange(MAX_POSITIONS), d, layout=m.sinusoidal_layout)
+            table = sinusoidal_embedding(jnp.arange(MAX_POSITIONS), d, layout=m.sinusoidal_layout)
             self.register_buffer("positions", torch.from_numpy(np.array(table)), persistent=False)
             self.dropout = torch.nn.Dropout(dropout)
             _, fn, options = ACTIVATIONS[m.activation]
@@ -672,6 +673,7 @@ def peer_translate(model, sp, sources: list[str], decode: Any, sentences: int = 
     ``decode`` (beam size, length penalty form and α, ``output_limit``, ``allow_unk``), in
     batches of at most ``sentences`` sentences of similar length. Sources are cut to
     ``RECIPE["max_len"]`` tokens with EOS, as in training."""
+    import jax.numpy as jnp
     import numpy as np
 
     from seq2seq.decoding import length_penalty
@@ -680,7 +682,7 @@ def peer_translate(model, sp, sources: list[str], decode: Any, sentences: int = 
     ids = [sp.encode(s)[: int(RECIPE["max_len"]) - 1] + [eos] for s in sources]
     limits = [max(1, decode.output_limit(len(x))) for x in ids]
     penalty = np.array(  # lp(|Y|) at index |Y|, the package's formula
-        length_penalty(np.arange(max(limits, default=1) + 1), decode.alpha, decode.length_penalty),
+        length_penalty(jnp.arange(max(limits, default=1) + 1), decode.alpha, decode.length_penalty),
         dtype=np.float32,
     )
     banned = [t for t in (pad, bos) + (() if decode.allow_unk else (unk,)) if t >= 0]
@@ -706,10 +708,20 @@ def peer_translate(model, sp, sources: list[str], decode: Any, sentences: int = 
 # -- the speed peer (compare.py, profile_step.py) -------------------------------------------------
 
 
-def marian_sizes(m: Any) -> dict[str, int]:
+class MarianSizes(TypedDict):
+    d_model: int
+    encoder_layers: int
+    decoder_layers: int
+    encoder_attention_heads: int
+    decoder_attention_heads: int
+    encoder_ffn_dim: int
+    decoder_ffn_dim: int
+
+
+def marian_sizes(m: Any) -> MarianSizes:
     """``transformers.MarianConfig``'s size fields for our ``ModelConfig`` ``m`` (our encoder
     and decoder share the head count and d_ff)."""
-    return dict(
+    return MarianSizes(
         d_model=m.d_model,
         encoder_layers=m.num_encoder_layers,
         decoder_layers=m.num_decoder_layers,

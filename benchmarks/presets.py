@@ -30,7 +30,7 @@ from seq2seq.training.step import create_train_state, make_optimizer, make_train
 FIRST_TOKEN = max(PAD_ID, UNK_ID, BOS_ID, EOS_ID) + 1  # random tokens are never special ids
 
 # Fixed-shape presets: equal work with other toolkits (issue #8).
-FIXED = {
+FIXED: dict[str, dict[str, Any]] = {
     "tiny": dict(
         model=dict(
             vocab_size=8000,
@@ -66,7 +66,7 @@ PEAK_REPEATS = 10
 
 # Peers (PyTorch MarianMT, CTranslate2) are timed beside these figures by benchmarks/compare.py,
 # in the same run: a ratio is only true when both sides ran together (issue 19).
-GOALS = {
+GOALS: dict[str, Any] = {
     # issue 19: of the same-run peak of the matmuls' dtype (the bfloat16 one for bf16 operands)
     "train_mfu": {"tiny": 0.75, "base": 0.85},
     "train_real_token_share": 0.90,
@@ -359,7 +359,7 @@ class FixedBench:
         tokens = rows * (src_len + tgt_len)
         real_tgt = statistics.mean(real_target_tokens)
         achieved = flops["total"] / med
-        res = {
+        res: dict[str, Any] = {
             "model": dataclasses.asdict(model_cfg),
             "parameters": n_params,
             "matmul_parameters": matmul_params(model_cfg),

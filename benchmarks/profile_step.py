@@ -127,7 +127,7 @@ def profile(name: str, calls: int, threads: int, directory: Path) -> dict:
     for fns in sides.values():  # compile, allocate, warm up
         for fn in fns:
             fn(), fn()
-    seconds = {side: [[], [], []] for side in sides}
+    seconds: dict[str, list[list[float]]] = {side: [[], [], []] for side in sides}
     for _ in range(calls):  # alternate: both sides see the same machine state
         for side, fns in sides.items():
             for i, fn in enumerate(fns):

@@ -28,6 +28,7 @@ import gzip
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,7 @@ def lines_sha256(lines: list[str]) -> str:
     return sha256("".join(s + "\n" for s in lines))
 
 
-def unit_name(
-    system: str, seed: int, point: Any = None, dev_check: list[str] | tuple[str, ...] = ()
-) -> str:
+def unit_name(system: str, seed: int, point: Any = None, dev_check: Sequence[str] = ()) -> str:
     """A record's file stem: ``ours-pre-seed1``, ``ours-pre-seed1+model.dropout_rate=0.15``,
     ``peer-pre-seed1-lr0.001-w400-rsqrt-d0.1``."""
     name = f"{system}-seed{seed}" + ("" if point is None else f"-{point.name}")
@@ -208,7 +207,7 @@ def build(
         for r in units.values():
             if "references_sha256" in r and r["references_sha256"] != lines_sha256(refs):
                 raise RecordError(f"{proxy}/{r['unit']}: its test references are not {proxy}'s")
-        picks = {}
+        picks: dict[str, dict[str, Any]] = {}
         for system in PEER_OF:
             grid = grid_records(units, system, seeds[0])
             best = dev_pick(grid)

@@ -4,6 +4,7 @@ pyproject.toml. Both tools come with the ``test`` extra."""
 import importlib.util
 import subprocess
 import sys
+import tomllib
 
 import pytest
 from tiny_run import ROOT
@@ -31,5 +32,8 @@ def test_ruff_lint():
 
 
 def test_mypy():
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    files = settings["tool"]["mypy"]["files"]
+    assert set(files) >= set(PATHS) - {"tests"}, files  # the package, the experiments, the tools
     proc = _run("mypy")  # files and options: [tool.mypy] in pyproject.toml
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr

@@ -99,7 +99,7 @@ def bench(preset: str, steps: int, dry: bool, peak: float) -> dict[str, Any]:
     )
     rng = np.random.default_rng(0)
     ones = np.ones((rows, length), np.int32)
-    batch = {
+    host = {
         "src": rng.integers(4, model_cfg.vocab_size, (rows, length)).astype(np.int32),
         "tgt": rng.integers(4, model_cfg.vocab_size, (rows, length)).astype(np.int32),
         "src_segments": ones,
@@ -107,7 +107,7 @@ def bench(preset: str, steps: int, dry: bool, peak: float) -> dict[str, Any]:
         "src_positions": np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)),
         "tgt_positions": np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)),
     }
-    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    batch = {k: jnp.asarray(v) for k, v in host.items()}
     # the planner's figures for this very program on this device (seq2seq-plan's reading of
     # a compiled step), to print next to what the device measures
     figures = plan.compile_lowered(step.lower(state, batch), config)
@@ -125,7 +125,7 @@ def bench(preset: str, steps: int, dry: bool, peak: float) -> dict[str, Any]:
     stats = device.memory_stats() or {}
     figures_of = plan.device_of(device.device_kind)
     predicted = plan.roofline_seconds(figures, figures_of) if figures_of else None
-    res = {
+    res: dict[str, Any] = {
         "preset": preset,
         "batch": [rows, length],
         "step_seconds": median,
