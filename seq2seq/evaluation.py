@@ -7,12 +7,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import sacrebleu
 from sacrebleu.metrics.base import Metric
+
+from seq2seq.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -451,3 +454,214 @@ def compare(
         ar_trials=ar_trials,
         num_sentences=len(references),
     )
+
+
+class Decoding(NamedTuple):
+    """An opened system of ``evaluate``: its run ``config`` (whose ``data.test`` is the test set
+    when no references are given), a ``translator`` (``translate(lines, progress=,
+    source=)``: hypotheses per line, best first, as ``seq2seq.translation.Translator``) and
+    ``search``, the search as reports name it (``seq2seq.search.Strategy.describe``)."""
+
+    config: Config
+    translator: Any
+    search: str
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """A system ``evaluate`` decodes: its ``name`` and ``open``, which loads it; it is called
+    when the system's turn comes, so one model is in memory at a time."""
+
+    name: str
+    open: Callable[[], Decoding]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long a decoded system took: ``sentences`` in ``seconds`` with ``search``."""
+
+    system: str
+    sentences: int
+    seconds: float
+    search: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.sentences} sentences in {self.seconds:.1f} s "
+            f"({self.sentences / self.seconds:.1f} sentences/s), {self.search}"
+        )
+
+
+@dataclass(frozen=True)
+class Report:
+    """What ``evaluate`` found.
+
+    Attributes:
+      systems: every system's (name, hypotheses): the hypothesis files first, then the decoded.
+      scores: one system's ``Scores`` (bleu and chrF by default) or ``MetricScore`` list, the
+        ``Comparison`` of several, or None (several systems scored by COMET alone).
+      comet: COMET score by system name (empty without COMET); ``comet_model`` its checkpoint.
+      timings: one per decoded system, in order.
+    """
+
+    systems: list[tuple[str, list[str]]]
+    scores: Scores | list[MetricScore] | Comparison | None
+    comet: dict[str, float] = field(default_factory=dict)
+    comet_model: str | None = None
+    timings: list[Timing] = field(default_factory=list)
+
+    def decoded(self) -> list[tuple[str, list[str]]]:
+        """The (name, hypotheses) of the systems that were decoded (not read)."""
+        names = {t.system for t in self.timings}
+        return [s for s in self.systems if s[0] in names]
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as ``seq2seq-evaluate --json`` writes it: one system's scores with
+        their signatures (``{"system": ..., "BLEU": {"score", "signature"}, ...}``) or the
+        comparison (``Comparison.to_json``), and ``COMET`` (model and scores) when scored."""
+        out: dict[str, Any] = {}
+        scores = self.scores
+        if len(self.systems) == 1:
+            if isinstance(scores, Scores):
+                listed = [
+                    MetricScore("bleu", scores.bleu, scores.bleu_signature),
+                    MetricScore("chrf", scores.chrf, scores.chrf_signature),
+                ]
+            else:
+                listed = scores if isinstance(scores, list) else []
+            out = {
+                "system": self.systems[0][0],
+                **{LABELS[s.metric]: {"score": s.score, "signature": s.signature} for s in listed},
+            }
+        elif isinstance(scores, Comparison):
+            out = scores.to_json()
+        if self.comet:
+            out["COMET"] = {"model": self.comet_model, "scores": dict(self.comet)}
+        return out
+
+    def text(self) -> str:
+        """The lines ``seq2seq-evaluate`` prints: the scores (or the comparison's table),
+        COMET, and each decoded system's time."""
+        blocks = []
+        if isinstance(self.scores, list):
+            if self.scores:  # none: COMET alone
+                blocks.append("\n".join(str(s) for s in self.scores))
+        elif isinstance(self.scores, Comparison):
+            blocks.append(self.scores.table())
+        elif self.scores is not None:
+            blocks.append(str(self.scores))
+        several = len(self.systems) > 1
+        for name, value in self.comet.items():
+            where = f"{name}; " if several else ""
+            blocks.append(f"COMET = {value:.4f} ({where}model {self.comet_model})")
+        for t in self.timings:
+            blocks.append((f"{t.system}: " if len(self.timings) > 1 else "") + str(t))
+        return "\n".join(blocks)
+
+
+def evaluate(
+    references: str | None,
+    *,
+    hypotheses: Sequence[str] = (),
+    sources: str | None = None,
+    decoders: Sequence[Decoder] = (),
+    metrics: Sequence[str] | None = None,
+    lowercase: bool = False,
+    allow_pieces: bool = False,
+    comet_model: str | None = None,
+    seed: int = SEED,
+    bootstrap_samples: int = BOOTSTRAP_SAMPLES,
+    ar_trials: int = AR_TRIALS,
+    output_name: str | None = None,
+) -> Report:
+    """Score systems on one test set: the work of ``seq2seq-evaluate``.
+
+    The systems are the hypothesis files ``hypotheses`` (in order) and then the ``decoders``,
+    each opened in turn and run on ``sources`` (without ``references``: on its run's test
+    split, every test corpus with its tag). One system gets its scores (``score``, or
+    ``score_metrics`` with ``metrics``); several are compared (``compare``: paired
+    significance tests against the first, seeded with ``seed``). COMET in ``metrics`` scores
+    each system with the checkpoint ``comet_model`` (``comet_scores``), besides the others.
+
+    Args:
+      references: the reference file, aligned with ``sources`` (None: the run's test split).
+      hypotheses: files of detokenized hypotheses, one system each.
+      sources: the source file (decoded, and read by COMET).
+      decoders: the systems to decode.
+      metrics: parsed (``parse_metrics``); None: BLEU and chrF for one system, all four
+        sacreBLEU metrics for several.
+      lowercase: case-insensitive BLEU and chrF.
+      allow_pieces: score references that hold SentencePiece pieces (with a warning).
+      output_name: where one decoded system's translations are written, as the warning about
+        pieces in them names it (default: ``the translations of NAME``).
+
+    Returns:
+      the ``Report``.
+
+    Raises:
+      ValueError: a file is unreadable text, ``sources`` and ``references`` differ in length,
+        the references hold pieces without ``allow_pieces``, a system's line count differs
+        from the references', or as ``open`` of a decoder, ``score_metrics`` and ``compare``.
+      OSError: a file cannot be read.
+    """
+    from seq2seq.data.pipeline import split_text
+    from seq2seq.data.sources import read_lines
+
+    comet = metrics is not None and COMET in metrics
+    comet_checkpoint = load_comet(comet_model) if comet else None
+    sacre = [m for m in metrics or () if m != COMET]
+    systems = [(path, read_lines(path)) for path in hypotheses]
+    refs: list[str] = []
+    source_lines: list[str] = []
+    if references:
+        refs = read_lines(references)
+        if sources:
+            source_lines = read_lines(sources)
+            if len(source_lines) != len(refs):
+                raise ValueError(
+                    f"{sources} has {len(source_lines)} lines but {references} has {len(refs)}"
+                )
+        pieces = pieces_message(references, refs)
+        if pieces and not allow_pieces:
+            raise ValueError(f"{pieces}; or pass --allow-pieces to score them as they are")
+    timings = []
+    for decoder in decoders:
+        opened = decoder.open()
+        if not references:
+            test = split_text(opened.config, "test")  # every test corpus, with its tag
+            source_lines, refs = test.sources, test.targets
+        start = time.perf_counter()
+        hyps = [
+            h[0].text
+            for h in opened.translator.translate(source_lines, progress=True, source=sources)
+        ]
+        seconds = max(time.perf_counter() - start, 1e-9)
+        timings.append(Timing(decoder.name, len(hyps), seconds, opened.search))
+        systems.append((decoder.name, hyps))
+    ref_name = references or "test references"
+    scores: Scores | list[MetricScore] | Comparison | None = None
+    if len(systems) == 1:
+        name = systems[0][0]
+        # the warning about pieces names the file (a hypothesis file, or the translations')
+        names = (name if hypotheses else output_name or f"the translations of {name}", ref_name)
+        hyps = systems[0][1]
+        if metrics is None:
+            scores = score(hyps, refs, names=names, lowercase=lowercase)
+        else:
+            scores = score_metrics(hyps, refs, sacre, names=names, lowercase=lowercase)
+    elif metrics is None or sacre:
+        scores = compare(
+            systems,
+            refs,
+            sacre or METRICS,
+            lowercase=lowercase,
+            seed=seed,
+            bootstrap_samples=bootstrap_samples,
+            ar_trials=ar_trials,
+            reference_name=ref_name,
+        )
+    comet_found = {}
+    if comet_checkpoint is not None:
+        values = comet_scores(comet_checkpoint, [h for _, h in systems], source_lines, refs)
+        comet_found = {name: value for (name, _), value in zip(systems, values)}
+    return Report(systems, scores, comet_found, comet_model, timings)

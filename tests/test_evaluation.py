@@ -313,3 +313,48 @@ def test_comet_errors_and_plumbing(files, tmp_path, capsys, monkeypatch):
     assert report["COMET"] == {"model": str(ckpt), "scores": expected}
     assert f"COMET = {same / len(refs):.4f} ({files['a']}; model {ckpt})" in out
     assert "p (bs)" in out  # BLEU is still compared
+
+
+def test_evaluate_returns_the_report_the_command_writes(files, tmp_path, capsys):
+    """``evaluation.evaluate`` does seq2seq-evaluate's work and returns a value: its JSON is
+    the command's ``--json`` and its text what the command prints; a decoded system (here a
+    stand-in) is opened when its turn comes and timed."""
+    one = ["--hyp", str(files["a"]), "--ref", str(files["ref"]), "--metrics", "bleu,ter"]
+    assert cli.evaluate_main([*one, "--json", str(tmp_path / "one.json")]) == 0
+    printed = capsys.readouterr().out
+    report = evaluation.evaluate(
+        str(files["ref"]), hypotheses=[str(files["a"])], metrics=["bleu", "ter"]
+    )
+    assert report.to_json() == json.loads((tmp_path / "one.json").read_text(encoding="utf-8"))
+    assert report.text() + "\n" == printed and report.timings == []
+
+    refs = files["ref"].read_text(encoding="utf-8").splitlines()
+    opened = []
+
+    class Echo:  # translates every source into its reference
+        def translate(self, lines, progress=False, source=None):
+            return [[evaluation_hypothesis(r)] for r in refs[: len(lines)]]
+
+    def open_echo():
+        opened.append(len(opened))
+        return evaluation.Decoding(None, Echo(), "the search")
+
+    found = evaluation.evaluate(
+        str(files["ref"]),
+        sources=str(files["ref"]),
+        hypotheses=[str(files["a"])],
+        decoders=[evaluation.Decoder("echo", open_echo)],
+        bootstrap_samples=10,
+        ar_trials=10,
+    )
+    assert opened == [0] and [t.system for t in found.timings] == ["echo"]
+    assert found.decoded() == [("echo", refs)] and isinstance(found.scores, evaluation.Comparison)
+    assert found.to_json()["systems"][1]["BLEU"]["score"] == pytest.approx(100.0)
+    assert found.text().splitlines()[-1].startswith(f"{len(refs)} sentences in ")
+    assert found.text().endswith("sentences/s), the search")
+
+
+def evaluation_hypothesis(text):
+    from seq2seq.translation import Hypothesis
+
+    return Hypothesis(text, (), 0.0, 0.0)

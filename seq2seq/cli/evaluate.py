@@ -4,10 +4,11 @@ given translations)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from seq2seq.cli.common import (
     BATCH_NOTE,
@@ -18,18 +19,22 @@ from seq2seq.cli.common import (
     _format_words,
     _load,
     _members,
-    _nonnegative_float,
     _positive_int,
     _read_lines,
     _setup_logging,
     _translator,
+    flag_type,
 )
+
+if TYPE_CHECKING:
+    from seq2seq.evaluation import Decoder, Decoding
 
 
 def evaluate_main(argv: Sequence[str] | None = None) -> int:
     """``seq2seq-evaluate --workdir DIR [--src FILE --ref FILE]``: decode, score (sacreBLEU);
     with several systems (``--hyp`` files, ``--compare``'d runs or checkpoints), paired
-    significance tests against the first (``evaluation.compare``)."""
+    significance tests against the first (``evaluation.compare``). The work is
+    ``evaluation.evaluate``'s; this parses the flags, writes the files and prints the report."""
     parser = _decode_parser(
         "seq2seq-evaluate",
         "Decode a source file with a trained run and score "
@@ -69,100 +74,38 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
     if not args.workdir and comet and not args.src:
         return _fail("--metrics comet needs the sources: give --src")
     _setup_logging()
-    from seq2seq.data.pipeline import split_text
-
     try:
-        comet_model = evaluation.load_comet(args.comet_model) if comet else None
-        sacre = [m for m in metrics or () if m != evaluation.COMET]
-        systems = [(path, _read_lines(path)) for path in args.hyp or []]
-        if args.ref:
-            refs = _read_lines(args.ref)
-            if args.src:
-                sources = _read_lines(args.src)
-                if len(sources) != len(refs):
-                    return _fail(
-                        f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}"
-                    )
-            pieces = evaluation.pieces_message(args.ref, refs)
-            if pieces and not args.allow_pieces:
-                return _fail(f"{pieces}; or pass --allow-pieces to score them as they are")
-        models = _evaluate_models(args) if args.workdir else []
-        if len(systems) + len(models) > 1 and args.output:
+        decoders = _evaluate_models(args) if args.workdir else []
+        if len(args.hyp or []) + len(decoders) > 1 and args.output:
             return _fail("--output takes one system's hypotheses: use --hyp-dir with several")
-        timings = []
-        for name, model_args in models:
-            opened = _load(model_args)
-            if not args.ref:
-                test = split_text(opened.config, "test")  # every test corpus, with its tag
-                sources, refs = test.sources, test.targets
-            translator = _translator(model_args, opened)
-            start = time.perf_counter()
-            hyps = [
-                h[0].text for h in translator.translate(sources, progress=True, source=args.src)
-            ]
-            seconds = max(time.perf_counter() - start, 1e-9)
-            timings.append((name, len(hyps), seconds, opened.strategy.describe()))
-            systems.append((name, hyps))
-        ref_name = args.ref or "test references"
-        scores: object = None
-        report: dict = {}
-        if len(systems) == 1:
-            hyps = systems[0][1]
-            # the warning about pieces names the file (a --hyp, or where the translations go)
-            name = systems[0][0]
-            names = (name if args.hyp else args.output or f"the translations of {name}", ref_name)
-            if metrics is None:
-                scores = evaluation.score(hyps, refs, names=names, lowercase=args.lowercase)
-            else:
-                scores = evaluation.score_metrics(
-                    hyps, refs, sacre, names=names, lowercase=args.lowercase
-                )
-            report = _single_json(systems[0][0], scores)
-        elif metrics is None or sacre:
-            scores = evaluation.compare(
-                systems,
-                refs,
-                sacre or evaluation.METRICS,
-                lowercase=args.lowercase,
-                seed=args.paired_seed,
-                bootstrap_samples=args.paired_bs_n,
-                ar_trials=args.paired_ar_n,
-                reference_name=ref_name,
-            )
-            report = scores.to_json()
-        comet_lines = []
-        if comet_model is not None:
-            values = evaluation.comet_scores(comet_model, [h for _, h in systems], sources, refs)
-            report["COMET"] = {"model": args.comet_model, "scores": {}}
-            for (name, _), value in zip(systems, values):
-                report["COMET"]["scores"][name] = value
-                where = f"{name}; " if len(systems) > 1 else ""
-                comet_lines.append(f"COMET = {value:.4f} ({where}model {args.comet_model})")
+        report = evaluation.evaluate(
+            args.ref,
+            hypotheses=args.hyp or [],
+            sources=args.src,
+            decoders=decoders,
+            metrics=metrics,
+            lowercase=args.lowercase,
+            allow_pieces=args.allow_pieces,
+            comet_model=args.comet_model,
+            seed=args.paired_seed,
+            bootstrap_samples=args.paired_bs_n,
+            ar_trials=args.paired_ar_n,
+            output_name=args.output,
+        )
         if args.output:
-            Path(args.output).write_text("".join(h + "\n" for h in systems[0][1]), encoding="utf-8")
+            hyps = report.systems[0][1]
+            Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         if args.hyp_dir:
-            _write_hyp_dir(args.hyp_dir, [s for s in systems if s[0] in {t[0] for t in timings}])
+            _write_hyp_dir(args.hyp_dir, report.decoded())
         if args.json:
             import json
 
-            Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            text = json.dumps(report.to_json(), indent=2) + "\n"
+            Path(args.json).write_text(text, encoding="utf-8")
     except (ValueError, OSError, RuntimeError) as e:
         return _fail(str(e))
-    if isinstance(scores, list):
-        if scores:  # none: --metrics comet alone
-            print("\n".join(str(s) for s in scores))
-    elif isinstance(scores, evaluation.Comparison):
-        print(scores.table())
-    elif scores is not None:
-        print(scores)
-    if comet_lines:
-        print("\n".join(comet_lines))
-    for name, count, seconds, search in timings:
-        prefix = f"{name}: " if len(timings) > 1 else ""
-        print(
-            f"{prefix}{count} sentences in {seconds:.1f} s ({count / seconds:.1f} "
-            f"sentences/s), {search}"
-        )
+    if report.text():
+        print(report.text())
     return 0
 
 
@@ -223,37 +166,31 @@ def _add_evaluate_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _evaluate_models(args) -> list[tuple[str, argparse.Namespace]]:
-    """(name, arguments for ``_load``) of each decoded system: one (a model or an ensemble),
-    or with ``--compare`` one per member of ``_members``, named ``DIR`` or ``DIR@STEP``."""
+def _evaluate_models(args) -> list[Decoder]:
+    """The ``evaluation.Decoder`` of each decoded system: one (a model or an ensemble), or
+    with ``--compare`` one per member of ``_members``, named ``DIR`` or ``DIR@STEP``; each
+    opens with the command line's decoding options (``_load``)."""
+    from seq2seq.evaluation import Decoder
+
     if not args.compare:
         names = [f"{w}@{s}" if s is not None else w for w, s in _members(args)]
-        return [(" + ".join(names), args)]
+        return [Decoder(" + ".join(names), lambda: _open(args))]
     out = []
     for w, s in _members(args):
         one = argparse.Namespace(**vars(args))
         one.workdir, one.workdirs = w, [w]
         one.step, one.steps = s, None if s is None else [s]
-        out.append((w if s is None else f"{w}@{s}", one))
+        out.append(Decoder(w if s is None else f"{w}@{s}", functools.partial(_open, one)))
     return out
 
 
-def _single_json(name: str, scores) -> dict:
-    """One system's scores (``evaluation.Scores`` or a list of ``MetricScore``) as JSON."""
-    from seq2seq import evaluation
+def _open(args) -> Decoding:
+    """``evaluation.Decoding`` of the model of ``args`` (``--workdir``/``--step`` and the
+    decoding options)."""
+    from seq2seq.evaluation import Decoding
 
-    if isinstance(scores, evaluation.Scores):
-        scores = [
-            evaluation.MetricScore("bleu", scores.bleu, scores.bleu_signature),
-            evaluation.MetricScore("chrf", scores.chrf, scores.chrf_signature),
-        ]
-    return {
-        "system": name,
-        **{
-            evaluation.LABELS[s.metric]: {"score": s.score, "signature": s.signature}
-            for s in scores
-        },
-    }
+    opened = _load(args)
+    return Decoding(opened.config, _translator(args, opened), opened.strategy.describe())
 
 
 def _write_hyp_dir(directory: str, systems: list[tuple[str, list[str]]]) -> None:
@@ -285,8 +222,10 @@ def score_main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="add a last field of 'piece=logprob' per target piece, EOS included",
     )
-    parser.add_argument("--alpha", type=_nonnegative_float, help="length-penalty exponent")
-    parser.add_argument("--max-tokens", type=_positive_int, help="tokens per batch")
+    parser.add_argument("--alpha", type=flag_type("decode.alpha"), help="length-penalty exponent")
+    parser.add_argument(
+        "--max-tokens", type=flag_type("decode.max_tokens"), help="tokens per batch"
+    )
     parser.add_argument(
         "--max-src-tokens",
         type=_positive_int,
