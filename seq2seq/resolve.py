@@ -51,8 +51,13 @@ from seq2seq.data.sources import FORMATS
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.sharding import Partitioner
 from seq2seq.training.checks import check_train_config
-from seq2seq.training.init_from import Parent, check_init_from, resolve_parent
-from seq2seq.training.step import abstract_train_state
+from seq2seq.training.init_from import (
+    Parent,
+    check_init_from,
+    check_parent_shapes,
+    resolve_parent,
+)
+from seq2seq.training.step import TrainSpec, train_spec
 from seq2seq.translation import check_decode_config
 from seq2seq.workdir import checkpoint_steps, config_path
 
@@ -87,6 +92,8 @@ class Resolved:
       resumed_step: the newest checkpoint of that run (0 for a new run).
       changes: the keys that differ from ``saved``.
       parent: the run ``train.init_from`` starts from, or None.
+      spec: the model's graph, abstract ``TrainState`` and optimizer, built by the check
+        (``check_run_config``) and used again by training; None when not validated.
     """
 
     config: Config
@@ -95,6 +102,7 @@ class Resolved:
     resumed_step: int = 0
     changes: tuple[Change, ...] = ()
     parent: Parent | None = None
+    spec: TrainSpec | None = None
 
     @property
     def remap_data_from(self) -> Any:
@@ -143,6 +151,7 @@ def resolve_config(config: Config, *, validate: bool = True) -> Resolved:
         )
     config = _vocab_sizes(config, parent, saved)
     changes = _changes(config, saved) if saved is not None else ()
+    spec = None
     if validate:
         refused = [c for c in changes if not c.free]
         if refused and not config.train.allow_config_change:
@@ -152,8 +161,8 @@ def resolve_config(config: Config, *, validate: bool = True) -> Resolved:
                 f"differs in settings that change what the run is: {listed}. Resume with the "
                 f"saved values, use another workdir, or set train.allow_config_change=true"
             )
-        check_run_config(config)
-    return Resolved(config, notes, saved, steps[-1] if saved else 0, changes, parent)
+        spec = _check_run_config(config, parent, mesh=True)
+    return Resolved(config, notes, saved, steps[-1] if saved else 0, changes, parent, spec)
 
 
 def _recipe(config: Config, saved: Config | None) -> tuple[Config, tuple[str, ...]]:
@@ -228,7 +237,7 @@ def log_changes(resolved: Resolved) -> None:
         )
 
 
-def check_run_config(config: Config, *, mesh: bool = True) -> None:
+def check_run_config(config: Config, *, mesh: bool = True) -> TrainSpec:
     """Every check that needs no data, run before any work starts (no file read or written).
 
     ``train`` (``check_train_config``), ``decode`` (``check_decode_config``), tokenizer and
@@ -240,9 +249,17 @@ def check_run_config(config: Config, *, mesh: bool = True) -> None:
     shard, batch rows divisible by ``data × fsdp``; ``mesh`` False: not against this
     process's devices, for ``seq2seq-plan``, which checks it against the target's).
 
+    Returns:
+      The ``TrainSpec`` the model check built (the run's graph, abstract state, optimizer).
+
     Raises:
       ConfigError / MeshError / ValueError: the message names the key and value at fault.
     """
+    return _check_run_config(config, resolve_parent(config), mesh=mesh)
+
+
+def _check_run_config(config: Config, parent: Parent | None, *, mesh: bool) -> TrainSpec:
+    """``check_run_config`` with the parent already resolved (``resolve_config``)."""
     check_train_config(config)
     check_decode_config(config.decode)
     check_vocabularies(config)
@@ -287,10 +304,13 @@ def check_run_config(config: Config, *, mesh: bool = True) -> None:
             f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}"
         )
     check_attention_config(m)
-    check_init_from(config)  # the parent's model must match this one
-    abstract_train_state(config)
+    check_init_from(config, parent)  # the parent's model settings must match this one's
+    spec = train_spec(config)  # the model, built abstractly
+    if parent is not None:
+        check_parent_shapes(config, parent, spec.abstract)
     if mesh:
         Partitioner.from_config(config).process_rows(d.max_tokens // d.max_len)
+    return spec
 
 
 def check_attention_config(m: ModelConfig) -> None:

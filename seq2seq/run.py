@@ -32,6 +32,7 @@ from seq2seq.sharding import (
 )
 from seq2seq.summary import write_summary_md
 from seq2seq.training.actions import Action
+from seq2seq.training.context import train_context
 from seq2seq.training.init_from import Parent
 from seq2seq.training.loop import DevBleu, Interrupted, fit
 from seq2seq.training.metrics import MetricsWriter
@@ -152,11 +153,7 @@ def prepare_run(run: Config | Resolved) -> tuple[Config, PreparedData, Any]:
       ValueError: the trained tokenizer disagrees with ``model.vocab_size`` (and data errors,
         see ``seq2seq.data.pipeline.prepare``).
     """
-    if isinstance(run, Config):
-        initialize_distributed(run.distributed)  # no-op for a single process; before devices
-        run = resolve_config(run)
-        for note in run.notes:
-            log.info("%s", note)
+    run = _resolved(run)
     config, parent = run.config, run.parent
     log_changes(run)
     workdir = Path(config.workdir)
@@ -175,6 +172,18 @@ def prepare_run(run: Config | Resolved) -> tuple[Config, PreparedData, Any]:
                     line = json.dumps({"step": run.resumed_step, **record}, ensure_ascii=False)
                     f.write(line + "\n")
     return config, data, run.remap_data_from
+
+
+def _resolved(run: Config | Resolved) -> Resolved:
+    """``run`` resolved (``resolve_config``, after ``jax.distributed`` starts), its notes logged;
+    a ``Resolved`` as it is."""
+    if isinstance(run, Resolved):
+        return run
+    initialize_distributed(run.distributed)  # no-op for a single process; before devices
+    resolved = resolve_config(run)
+    for note in resolved.notes:
+        log.info("%s", note)
+    return resolved
 
 
 def _write_skipped(workdir: Path, skipped: list[str]) -> None:
@@ -225,12 +234,26 @@ def train(run: Config | Resolved, *, actions: Sequence[Action] = ()) -> dict[str
       CheckpointError: the existing checkpoint does not match the configured model.
     """
     wall_start = time.perf_counter()
-    config, data, remap = prepare_run(run)
+    resolved = _resolved(run)
+    config, data, remap = prepare_run(resolved)
     workdir = Path(config.workdir)
     use_compile_cache(workdir)
+    # the graph, abstract state, optimizer and parent resolving built: nothing is built twice
+    context = train_context(
+        config,
+        Partitioner.from_config(config),
+        bos_id=data.tokenizer.bos_id,
+        spec=resolved.spec,
+        parent=resolved.parent,
+    )
     try:
         result = fit(
-            config, data, dev_bleu=dev_bleu(data, config), actions=actions, remap_data_from=remap
+            config,
+            data,
+            dev_bleu=dev_bleu(data, config),
+            actions=actions,
+            remap_data_from=remap,
+            context=context,
         )
     except (Interrupted, TrainingDiverged) as e:
         status = "interrupted" if isinstance(e, Interrupted) else "diverged"

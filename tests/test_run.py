@@ -64,3 +64,57 @@ def test_dev_bleu_decodes_with_beam_search_and_the_test_with_decode_search(tmp_p
         h + "\n" for h in test_hyps
     )
     assert dev_hyps != fresh(config.decode, dev_src)  # sampling would have decoded others
+
+
+def test_a_run_builds_its_abstract_state_optimizer_and_parent_once(tmp_path, monkeypatch):
+    """A run through ``run.train`` builds its abstract ``TrainState`` (the resolve check, the
+    restore target, the shardings and the step all share it), its optimizer and its
+    ``train.init_from`` parent once each: a new run, its resume, and a fine-tune from it (which
+    builds the parent's abstract state and optimizer once more, for the parent's model)."""
+    import collections
+    import sys
+
+    from seq2seq.training import init_from, step
+
+    originals = {
+        "abstract_train_state": step.abstract_train_state,
+        "make_optimizer": step.make_optimizer,
+        "resolve_parent": init_from.resolve_parent,
+    }
+    calls: collections.Counter = collections.Counter()
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            first = args[0] if args else None
+            # which run's model: the config's workdir (TrainConfig for the optimizer)
+            calls[name, getattr(first, "workdir", None)] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    for module in [m for n, m in sys.modules.items() if n.startswith("seq2seq")]:
+        for name, fn in originals.items():
+            if getattr(module, name, None) is fn:
+                monkeypatch.setattr(module, name, counted(name, fn))
+    corpus = write_corpus(tmp_path / "corpus")
+    parent, child = str(tmp_path / "parent"), str(tmp_path / "child")
+    expected_one_run = {
+        ("abstract_train_state", parent): 1,
+        ("make_optimizer", None): 1,
+        ("resolve_parent", parent): 1,
+    }
+    summary = run_module.train(tiny_config(corpus, tmp_path / "parent", "train.steps=2"))
+    assert summary["step"] == 2 and dict(calls) == expected_one_run
+    calls.clear()
+    summary = run_module.train(tiny_config(corpus, tmp_path / "parent", "train.steps=4"))
+    assert summary["step"] == 4 and dict(calls) == expected_one_run  # the resume
+    calls.clear()
+    config = tiny_config(corpus, tmp_path / "child", "train.steps=2", f"train.init_from={parent}")
+    summary = run_module.train(config)
+    assert summary["step"] == 2
+    assert dict(calls) == {
+        ("abstract_train_state", child): 1,
+        ("abstract_train_state", parent): 1,  # the parent's model: shape check and restore
+        ("make_optimizer", None): 2,  # this run's and the parent's (its state's structure)
+        ("resolve_parent", child): 1,
+    }

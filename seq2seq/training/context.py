@@ -1,10 +1,13 @@
-"""The train step of a run, built once from its resolved config and its mesh (``train_context``).
+"""A training run's context, built once from its resolved config and its mesh
+(``train_context``).
 
 What ``seq2seq-train`` compiles and what ``seq2seq-plan`` compiles ahead of time for a device
 it does not have are the same object: the model's graph, the abstract ``TrainState`` and its
-shardings, the optimizer, and the step jitted over the mesh with the run's donation, row axis,
-micro-batch count and schedule horizon (``sharded_train_step``). Nothing here touches data or
-allocates a parameter: the batch shape comes from the config (``batch_rows``), and the
+shardings, the optimizer, the ``train.init_from`` parent, and the step jitted over the mesh
+with the run's donation, row axis, micro-batch count and schedule horizon
+(``sharded_train_step``). The loop, the restore, the init from a parent and the test decode's
+checkpoint restore read them from here; none is built twice in a run. Nothing here touches
+data or allocates a parameter: the batch shape comes from the config (``batch_rows``), and the
 partitioner's mesh may hold compile-only devices (``jax.experimental.topologies``).
 """
 
@@ -23,12 +26,8 @@ from seq2seq.config import Config
 from seq2seq.data.batching import FIELDS, batch_rows
 from seq2seq.data.tokenizer import BOS_ID
 from seq2seq.sharding import Partitioner
-from seq2seq.training.step import (
-    TrainState,
-    abstract_train_state,
-    make_optimizer,
-    sharded_train_step,
-)
+from seq2seq.training.init_from import Parent
+from seq2seq.training.step import TrainSpec, TrainState, sharded_train_step, train_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +43,7 @@ class TrainContext:
       tx: the optimizer (``make_optimizer``).
       step: ``(state, batch[, horizon]) → (state, metrics)`` jitted over the mesh, the state
         donated; ``horizon`` (int32 scalar) only with ``train.time_budget``.
+      parent: the run ``train.init_from`` names (``resolve_parent``), or None.
     """
 
     config: Config
@@ -53,6 +53,12 @@ class TrainContext:
     shardings: TrainState
     tx: optax.GradientTransformation
     step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
+    parent: Parent | None = None
+
+    @property
+    def spec(self) -> TrainSpec:
+        """The graph, abstract state and optimizer (what ``train_spec`` builds)."""
+        return TrainSpec(self.graphdef, self.abstract, self.tx)
 
     @property
     def runtime_horizon(self) -> bool:
@@ -83,20 +89,26 @@ class TrainContext:
 
 
 def train_context(
-    config: Config, partitioner: Partitioner, *, bos_id: int = BOS_ID
+    config: Config,
+    partitioner: Partitioner,
+    *,
+    bos_id: int = BOS_ID,
+    spec: TrainSpec | None = None,
+    parent: Parent | None = None,
 ) -> TrainContext:
     """The train step of ``config`` over ``partitioner``'s mesh, as the training loop runs it.
 
     ``bos_id``: the target tokenizer's BOS id (``shift_right``; every SentencePiece model
-    trained here has ``BOS_ID``).
+    trained here has ``BOS_ID``). ``spec``: the run's graph, abstract state and optimizer when
+    already built (``seq2seq.resolve.Resolved.spec``; default: built here). ``parent``: the
+    resolved ``train.init_from`` run.
 
     Raises:
-      ValueError: as ``abstract_train_state`` (a model that cannot be built).
+      ValueError: as ``train_spec`` (a model that cannot be built).
     """
     t = config.train
-    graphdef, abstract = abstract_train_state(config)
+    graphdef, abstract, tx = spec if spec is not None else train_spec(config)
     shardings = partitioner.shardings(abstract)
-    tx = make_optimizer(t)
     # micro-batches [accum, rows, length]: rows (axis 1) are split over data × fsdp
     step = sharded_train_step(
         partitioner,
@@ -110,4 +122,4 @@ def train_context(
         runtime_horizon=bool(t.time_budget),
         lora=t.lora_rank > 0,
     )
-    return TrainContext(config, partitioner, graphdef, abstract, shardings, tx, step)
+    return TrainContext(config, partitioner, graphdef, abstract, shardings, tx, step, parent)

@@ -14,6 +14,7 @@ resume continues from its own checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,18 +23,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from seq2seq.config import FIXED, FREE, Config, ConfigError, ModelConfig, load_config, replace
+from seq2seq.config import FIXED, FREE, Config, ConfigError, ModelConfig, load_config
 from seq2seq.model.lora import merged
 from seq2seq.sharding import Partitioner
 from seq2seq.training.checkpoints import Checkpointer, _path
 from seq2seq.training.step import (
-    abstract_train_state,
+    TrainSpec,
+    TrainState,
     base_params,
     build_train_model,
     create_train_state,
     join_trainable,
-    make_optimizer,
     split_trainable,
+    train_spec,
 )
 from seq2seq.workdir import checkpoint_dir, checkpoint_steps, config_path
 
@@ -59,6 +61,12 @@ class Parent:
     workdir: Path
     step: int
     config: Config
+
+    @functools.cached_property
+    def spec(self) -> TrainSpec:
+        """The parent's graph, abstract ``TrainState`` and optimizer (built once, on first
+        use: the shape check and the restore share it)."""
+        return train_spec(self.config)
 
 
 def resolve_parent(config: Config) -> Parent | None:
@@ -96,38 +104,20 @@ def resolve_parent(config: Config) -> Parent | None:
     return Parent(workdir, step, load_config(config_path(workdir)))
 
 
-def parent_model(config: Config, parent: Parent) -> Config:
-    """``config`` with the vocabulary sizes it leaves at 0 taken from the parent."""
-    m, pm = config.model, parent.config.model
-    return replace(
-        config,
-        **{
-            "model.vocab_size": m.vocab_size or pm.vocab_size,
-            "model.src_vocab_size": m.src_vocab_size or pm.src_vocab_size,
-        },
-    )
-
-
-def check_init_from(config: Config) -> Parent | None:
-    """Check ``train.init_from`` / ``train.init_optimizer`` before any work (shapes are
-    compared abstractly, nothing is read but the parent's config and folder names).
-
-    Returns:
-      The parent, or None without ``train.init_from``.
+def check_init_from(config: Config, parent: Parent | None) -> None:
+    """Check ``train.init_from`` / ``train.init_optimizer`` settings before any work
+    (``parent``: ``resolve_parent(config)``); the shapes follow in ``check_parent_shapes``.
 
     Raises:
-      ConfigError: a bad path (``resolve_parent``); ``init_optimizer`` without ``init_from``;
-        a tokenizer file set together with ``init_from`` (the parent's is used); the first
-        model setting that differs from the parent's, with both values; the first parameter
-        whose shape differs, with both shapes; with ``init_optimizer``, an optimizer of
-        another structure (e.g. ``train.clip_norm`` 0 on one side only).
+      ConfigError: ``init_optimizer`` without ``init_from``; a tokenizer file set together with
+        ``init_from`` (the parent's is used); the first model setting that differs from the
+        parent's, with both values.
     """
     t = config.train
-    parent = resolve_parent(config)
     if parent is None:
         if t.init_optimizer:
             raise ConfigError("train.init_optimizer=true needs train.init_from")
-        return None
+        return
     key = f"train.init_from={t.init_from}"
     tok = config.tokenizer
     if tok.model_file or tok.src_model_file or tok.tgt_model_file:
@@ -146,8 +136,19 @@ def check_init_from(config: Config) -> Parent | None:
                 f"{key}: the model does not match the parent's: model.{f.name} is {have!r} in "
                 f"{config_path(parent.workdir)} but {want!r} here"
             )
-    _, mine = abstract_train_state(parent_model(config, parent))
-    _, theirs = abstract_train_state(parent.config)
+
+
+def check_parent_shapes(config: Config, parent: Parent, mine: TrainState) -> None:
+    """Compare this run's abstract ``TrainState`` (``mine``) with the parent's, allocating
+    nothing.
+
+    Raises:
+      ConfigError: the first parameter whose shape differs, with both shapes; with
+        ``train.init_optimizer``, an optimizer of another structure (e.g. ``train.clip_norm`` 0
+        on one side only).
+    """
+    t, key = config.train, f"train.init_from={config.train.init_from}"
+    theirs = parent.spec.abstract
     # the weights without adapters: a LoRA parent is read merged, a LoRA child adds its own
     leaves = jax.tree_util.tree_flatten_with_path(base_params(theirs.params))[0]
     shapes = {_path(k): v.shape for k, v in leaves}
@@ -165,13 +166,14 @@ def check_init_from(config: Config) -> Parent | None:
             "another structure (train.clip_norm is 0 on one side only?); set "
             "train.init_optimizer=false or match the parent's optimizer settings"
         )
-    return parent
 
 
 def init_from_parent(
-    config: Config, parent: Parent, partitioner: Partitioner, abstract: Any
+    config: Config, parent: Parent, partitioner: Partitioner, spec: TrainSpec
 ) -> tuple[Any, int]:
-    """This run's initial TrainState from the parent's checkpoint, placed like ``abstract``.
+    """This run's initial TrainState from the parent's checkpoint, placed like
+    ``spec.abstract`` (this run's ``TrainSpec``; its optimizer ``spec.tx`` starts fresh
+    unless ``train.init_optimizer``).
 
     A parent trained with LoRA adapters is read with them merged into its weights
     (``seq2seq.model.lora.merged``); with ``train.lora_rank`` this run adds fresh adapters
@@ -184,14 +186,13 @@ def init_from_parent(
     Raises:
       CheckpointError: the parent's checkpoint cannot be read or does not match.
     """
-    t = config.train
-    parent_graphdef, theirs = abstract_train_state(parent.config)
+    t, tx = config.train, spec.tx
+    parent_graphdef, theirs = parent.spec.graphdef, parent.spec.abstract
     checkpointer = Checkpointer(checkpoint_dir(parent.workdir), async_save=False)
     try:
         restored, _ = checkpointer.restore(partitioner.abstract(theirs), parent.step)
     finally:
         checkpointer.close()
-    tx = make_optimizer(t)
 
     def init(loaded: Any) -> Any:
         model = build_train_model(config)
@@ -207,7 +208,7 @@ def init_from_parent(
             ema=None if fresh.ema is None else jax.tree.map(jnp.copy, params),
         )
 
-    state = jax.jit(init, out_shardings=partitioner.shardings(abstract))(restored)
+    state = jax.jit(init, out_shardings=partitioner.shardings(spec.abstract))(restored)
     log.info(
         "initialised from %s (step %d)%s",
         checkpoint_dir(parent.workdir) / str(parent.step),

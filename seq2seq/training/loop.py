@@ -29,11 +29,12 @@ from seq2seq.sharding import Partitioner, agree_to_stop, is_main_process
 from seq2seq.training.actions import Action, Loop, default_actions
 from seq2seq.training.batches import Prefetcher, remap_position
 from seq2seq.training.checkpoints import Checkpointer, discarded_message
-from seq2seq.training.context import train_context
+from seq2seq.training.context import TrainContext, train_context
 from seq2seq.training.early_stopping import MODES, BestTracker
+from seq2seq.training.init_from import resolve_parent
 from seq2seq.training.metrics import MetricsWriter
 from seq2seq.training.progress import Progress, SkipCounter, load_or_init
-from seq2seq.training.step import abstract_train_state, make_eval_step, train_size
+from seq2seq.training.step import make_eval_step, train_size
 from seq2seq.workdir import checkpoint_dir
 
 log = logging.getLogger(__name__)
@@ -183,6 +184,7 @@ def fit(
     dev_bleu: DevBleu | None = None,
     actions: Sequence[Action] = (),
     remap_data_from: Any = None,
+    context: TrainContext | None = None,
 ) -> FitResult:
     """Run (or resume) the optimisation of ``config`` on ``data`` up to ``train.steps``.
 
@@ -193,7 +195,8 @@ def fit(
     checkpoint action, e.g. ``Action("histogram", 100, fn)``). ``dev_bleu`` scores dev BLEU
     (needed when ``train.dev_bleu``; ``seq2seq.run.dev_bleu`` makes one). ``remap_data_from``:
     the ``DataConfig`` the checkpoint was trained with when the batching changed since
-    (``remap_position``).
+    (``remap_position``). ``context``: the run's ``TrainContext`` (``seq2seq.run`` builds it
+    from the resolved run; default: built here, with the parent resolved from the config).
 
     Returns:
       A FitResult; ``test_params`` are the parameters selected by ``train.test_checkpoint``.
@@ -204,145 +207,169 @@ def fit(
         after the last good checkpoint; the message names the steps).
       CheckpointError: the existing checkpoint does not match the configured model.
     """
-    tcfg = config.train
-    workdir = Path(config.workdir)
+    if context is None:
+        partitioner, bos_id = Partitioner.from_config(config), data.tokenizer.bos_id
+        context = train_context(config, partitioner, bos_id=bos_id, parent=resolve_parent(config))
+    tcfg, workdir, partitioner = config.train, Path(config.workdir), context.partitioner
+    log.info("%s", partitioner)
     with contextlib.ExitStack() as cleanup:
-        checkpointer = cleanup.enter_context(
-            contextlib.closing(
-                Checkpointer(
-                    checkpoint_dir(workdir),
-                    keep=tcfg.keep_checkpoints,
-                    best_mode=MODES[tcfg.best_metric] if tcfg.keep_best else None,
-                    cleanup_tmp=True,
-                )
-            )
-        )
-        partitioner = Partitioner.from_config(config)
-        log.info("%s", partitioner)
-        graphdef, state, meta, offset = load_or_init(config, checkpointer, partitioner)
-        progress = Progress.from_meta(meta, int(state.step), config)
-        progress.schedule_offset = progress.schedule_offset or offset
-        if meta is not None and remap_data_from is not None:
-            old = progress.micro_batches
-            progress.micro_batches = remap_position(data.train, old, remap_data_from)
-            epoch, index = data.train.locate(progress.micro_batches)
-            log.warning(
-                "the batching changed: data position remapped by examples from "
-                "micro-batch %d to %d (epoch %d, batch %d of %d)",
-                old,
-                progress.micro_batches,
-                epoch,
-                index,
-                data.train.batches_in_epoch(epoch),
-            )
+        checkpointer = cleanup.enter_context(contextlib.closing(_checkpointer(config)))
+        state, progress, meta = _start(context, checkpointer, data.train, remap_data_from)
         # the batch thread starts now: packing the epoch of the first batch (seconds at WMT
-        # size) overlaps with building and compiling the step
+        # size) overlaps with compiling the step
+        share = partitioner.process_share(data.train.rows)
         prefetch = cleanup.enter_context(
-            Prefetcher(
-                data.train,
-                progress.micro_batches,
-                tcfg.grad_accum_steps,
-                partitioner.process_share(data.train.rows),
-            )
+            Prefetcher(data.train, progress.micro_batches, tcfg.grad_accum_steps, share)
         )
         writer = cleanup.enter_context(
             contextlib.closing(
                 MetricsWriter(workdir, resume_step=progress.last_saved, enabled=is_main_process())
             )
         )
-        if meta is not None:
-            log.info(
-                "resumed from step %d (%s)%s",
-                progress.step,
-                checkpoint_dir(workdir),
-                f"; dropped {writer.dropped} metric records written after it"
-                if writer.dropped
-                else "",
-            )
-        resume_note = discarded_message(
-            checkpointer.discarded, None if meta is None else progress.step
-        )
-        if resume_note:
-            log.warning("%s (%s)", resume_note, checkpoint_dir(workdir))
-        if progress.step > progress.steps(config):
-            log.warning(
-                "the run is at step %d, past train.steps=%d: nothing to train (raise "
-                "train.steps to go on)",
-                progress.step,
-                progress.steps(config),
-            )
-        size = train_size(state)
-        n_params = size.parameters
-        log.info(
-            "model: %.2fM parameters; %d micro-batch(es) of %d rows x %d tokens per step",
-            n_params / 1e6,
-            tcfg.grad_accum_steps,
-            data.train.rows,
-            data.train.max_len,
-        )
-        log.info(
-            "trained: %s parameters (%.2f%%)%s; Adam moments %.2f MB",
-            f"{size.trainable:,}",
-            100.0 * size.trainable / max(n_params, 1),
-            f", LoRA rank {tcfg.lora_rank} (alpha {tcfg.lora_alpha:g}) on "
-            f"{', '.join(tcfg.lora_targets)}; the other weights frozen"
-            if tcfg.lora_rank
-            else "",
-            size.moment_bytes / 1e6,
-        )
+        resume_note = _log_start(config, progress, meta, writer, checkpointer)
+        size = _log_size(config, data, state)
         state, stopped = _train_loop(
-            config,
-            data,
-            graphdef,
-            state,
-            progress,
-            checkpointer,
-            writer,
-            dev_bleu,
-            partitioner,
-            prefetch,
-            actions,
+            context, data, state, progress, checkpointer, writer, dev_bleu, prefetch, actions
         )
-        test_params, test_step = _test_params(
-            config, checkpointer, state, progress.best, partitioner
+        return _result(context, checkpointer, state, progress, stopped, size, resume_note)
+
+
+def _result(
+    context: TrainContext,
+    checkpointer: Checkpointer,
+    state: Any,
+    progress: Progress,
+    stopped: str,
+    size: Any,
+    resume_note: str,
+) -> FitResult:
+    """``fit``'s result, with the test decode's parameters (``_test_params``)."""
+    test_params, test_step = _test_params(context, checkpointer, state, progress.best)
+    return FitResult(
+        context.graphdef,
+        state,
+        progress,
+        stopped,
+        int(size.parameters),
+        checkpointer.all_steps(),
+        checkpointer.best_step(),
+        test_params,
+        test_step,
+        context.partitioner,
+        checkpointer.discarded,
+        resume_note,
+        size.trainable,
+        size.moment_bytes,
+    )
+
+
+def _checkpointer(config: Config) -> Checkpointer:
+    """The run's checkpoint manager (half-written saves of a crash deleted)."""
+    t = config.train
+    return Checkpointer(
+        checkpoint_dir(Path(config.workdir)),
+        keep=t.keep_checkpoints,
+        best_mode=MODES[t.best_metric] if t.keep_best else None,
+        cleanup_tmp=True,
+    )
+
+
+def _start(
+    context: TrainContext, checkpointer: Checkpointer, batches: Any, remap_data_from: Any
+) -> tuple[Any, Progress, Any]:
+    """The state to train from (``load_or_init``), its ``Progress`` and the checkpoint's meta
+    (None for a new run); a resume whose batching changed has its data position remapped."""
+    config = context.config
+    state, meta, offset = load_or_init(context, checkpointer)
+    progress = Progress.from_meta(meta, int(state.step), config)
+    progress.schedule_offset = progress.schedule_offset or offset
+    if meta is not None and remap_data_from is not None:
+        old = progress.micro_batches
+        progress.micro_batches = remap_position(batches, old, remap_data_from)
+        epoch, index = batches.locate(progress.micro_batches)
+        log.warning(
+            "the batching changed: data position remapped by examples from "
+            "micro-batch %d to %d (epoch %d, batch %d of %d)",
+            old,
+            progress.micro_batches,
+            epoch,
+            index,
+            batches.batches_in_epoch(epoch),
         )
-        return FitResult(
-            graphdef,
-            state,
-            progress,
-            stopped,
-            int(n_params),
-            checkpointer.all_steps(),
-            checkpointer.best_step(),
-            test_params,
-            test_step,
-            partitioner,
-            checkpointer.discarded,
-            resume_note,
-            size.trainable,
-            size.moment_bytes,
+    return state, progress, meta
+
+
+def _log_start(
+    config: Config,
+    progress: Progress,
+    meta: Any,
+    writer: MetricsWriter,
+    checkpointer: Checkpointer,
+) -> str:
+    """Log where the run starts (a resume, deleted half-written checkpoints, a run already
+    past ``train.steps``); returns the note on deleted checkpoints ("" when none)."""
+    workdir = Path(config.workdir)
+    if meta is not None:
+        log.info(
+            "resumed from step %d (%s)%s",
+            progress.step,
+            checkpoint_dir(workdir),
+            f"; dropped {writer.dropped} metric records written after it" if writer.dropped else "",
         )
+    resume_note = discarded_message(checkpointer.discarded, None if meta is None else progress.step)
+    if resume_note:
+        log.warning("%s (%s)", resume_note, checkpoint_dir(workdir))
+    if progress.step > progress.steps(config):
+        log.warning(
+            "the run is at step %d, past train.steps=%d: nothing to train (raise "
+            "train.steps to go on)",
+            progress.step,
+            progress.steps(config),
+        )
+    return resume_note
+
+
+def _log_size(config: Config, data: PreparedData, state: Any) -> Any:
+    """Log the model's size and what it trains; returns ``train_size(state)``."""
+    tcfg, size = config.train, train_size(state)
+    n_params = size.parameters
+    log.info(
+        "model: %.2fM parameters; %d micro-batch(es) of %d rows x %d tokens per step",
+        n_params / 1e6,
+        tcfg.grad_accum_steps,
+        data.train.rows,
+        data.train.max_len,
+    )
+    log.info(
+        "trained: %s parameters (%.2f%%)%s; Adam moments %.2f MB",
+        f"{size.trainable:,}",
+        100.0 * size.trainable / max(n_params, 1),
+        f", LoRA rank {tcfg.lora_rank} (alpha {tcfg.lora_alpha:g}) on "
+        f"{', '.join(tcfg.lora_targets)}; the other weights frozen"
+        if tcfg.lora_rank
+        else "",
+        size.moment_bytes / 1e6,
+    )
+    return size
 
 
 def _train_loop(
-    config: Config,
+    context: TrainContext,
     data: PreparedData,
-    graphdef: Any,
     state: Any,
     progress: Progress,
     checkpointer: Checkpointer,
     writer: MetricsWriter,
     dev_bleu: DevBleu | None,
-    partitioner: Partitioner,
     prefetch: Prefetcher,
     extra_actions: Sequence[Action] = (),
 ) -> tuple[Any, str]:
     """The driver: run steps and, after each, the actions that are due; returns (state, why
     stopped). The step is compiled once; with ``train.time_budget`` it reads the schedule's
     horizon as an argument (``Loop.horizon``), which the ``time_budget`` action sets."""
+    config, graphdef, partitioner = context.config, context.graphdef, context.partitioner
     tcfg, p, accum = config.train, progress, config.train.grad_accum_steps
     # the step seq2seq-plan compiles ahead of time too (seq2seq.training.context)
-    context = train_context(config, partitioner, bos_id=data.tokenizer.bos_id)
     shardings, sharded_step = context.shardings, context.step
     runtime_horizon = context.runtime_horizon
     evaluate_dev = dev_evaluator(graphdef, shardings.params, data, config, partitioner, dev_bleu)
@@ -419,15 +446,11 @@ def _train_loop(
 
 
 def _test_params(
-    config: Config,
-    checkpointer: Checkpointer,
-    state: Any,
-    best: BestTracker,
-    partitioner: Partitioner,
+    context: TrainContext, checkpointer: Checkpointer, state: Any, best: BestTracker
 ) -> tuple[Any, int]:
     """Parameters for the final test decode (the best checkpoint's or the last) and their step."""
     step = int(state.step)
-    want = best.step if config.train.test_checkpoint == "best" else None
+    want = best.step if context.config.train.test_checkpoint == "best" else None
     if want is None or want == step:
         return state.eval_params, step
     if want not in checkpointer.all_steps():
@@ -438,7 +461,7 @@ def _test_params(
             step,
         )
         return state.eval_params, step
-    _, abstract = abstract_train_state(config)
-    restored, _ = checkpointer.restore(partitioner.abstract(abstract), want)
+    abstract = context.partitioner.abstract(context.abstract)
+    restored, _ = checkpointer.restore(abstract, want)
     log.info("testing the best checkpoint (step %d, dev %s %.4g)", want, best.metric, best.value)
     return restored.eval_params, want

@@ -12,16 +12,11 @@ import jax
 
 from seq2seq.config import Config
 from seq2seq.data.batching import MixedBatches, PackedBatches
-from seq2seq.sharding import Partitioner
 from seq2seq.training.checkpoints import Checkpointer
+from seq2seq.training.context import TrainContext
 from seq2seq.training.early_stopping import BestTracker
-from seq2seq.training.init_from import init_from_parent, resolve_parent
-from seq2seq.training.step import (
-    abstract_train_state,
-    build_train_model,
-    create_train_state,
-    make_optimizer,
-)
+from seq2seq.training.init_from import init_from_parent
+from seq2seq.training.step import build_train_model, create_train_state
 
 
 class TrainingDiverged(RuntimeError):
@@ -119,26 +114,26 @@ class Progress:
         }
 
 
-def load_or_init(config: Config, checkpointer: Checkpointer, partitioner: Partitioner):
-    """(graphdef, TrainState placed on the mesh, checkpoint meta or None, optimizer updates
-    made before step 0). A run with a checkpoint resumes from it; else it starts from
-    ``train.init_from`` when set (``seq2seq.training.init_from``), else from a random init."""
-    graphdef, abstract = abstract_train_state(config)
+def load_or_init(context: TrainContext, checkpointer: Checkpointer) -> tuple[Any, Any, int]:
+    """(TrainState placed on the mesh, checkpoint meta or None, optimizer updates made before
+    step 0). A run with a checkpoint resumes from it; else it starts from
+    ``train.init_from`` when set (``context.parent``, ``seq2seq.training.init_from``), else
+    from a random init; the abstract state and optimizer are the context's."""
+    config, partitioner, abstract = context.config, context.partitioner, context.abstract
     if checkpointer.latest_step() is None:
         t = config.train
-        parent = resolve_parent(config)
-        if parent is not None:
-            state, offset = init_from_parent(config, parent, partitioner, abstract)
-            return graphdef, state, None, offset
+        if context.parent is not None:
+            state, offset = init_from_parent(config, context.parent, partitioner, context.spec)
+            return state, None, offset
         state = partitioner.init_state(
             lambda: create_train_state(
-                build_train_model(config), make_optimizer(t), t.seed, ema=t.ema_decay > 0
+                build_train_model(config), context.tx, t.seed, ema=t.ema_decay > 0
             )[1],
             abstract,
         )
-        return graphdef, state, None, 0
+        return state, None, 0
     state, meta = checkpointer.restore(partitioner.abstract(abstract))
-    return graphdef, state, meta, 0
+    return state, meta, 0
 
 
 class SkipCounter:

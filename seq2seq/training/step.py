@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -199,26 +199,53 @@ def ema_update(ema: Any, params: Any, decay: float) -> Any:
     return jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, ema, params)
 
 
-def abstract_train_state(config: Config) -> tuple[nnx.GraphDef, TrainState]:
+def abstract_train_state(
+    config: Config, tx: optax.GradientTransformation | None = None
+) -> tuple[nnx.GraphDef, TrainState]:
     """``(graphdef, TrainState of jax.ShapeDtypeStruct)`` for ``config``, allocating nothing.
 
-    The target structure for a checkpoint restore and for the mesh's shardings.
+    The target structure for a checkpoint restore and for the mesh's shardings. ``tx``: the
+    run's optimizer (default: ``make_optimizer(config.train)``).
     """
     holder = {}
+    optimizer = make_optimizer(config.train) if tx is None else tx
 
     def init():
         model = build_train_model(config)
         graphdef, state = create_train_state(
-            model,
-            make_optimizer(config.train),
-            config.train.seed,
-            ema=config.train.ema_decay > 0,
+            model, optimizer, config.train.seed, ema=config.train.ema_decay > 0
         )
         holder["graphdef"] = graphdef
         return state
 
     state = jax.eval_shape(init)
     return holder["graphdef"], state
+
+
+class TrainSpec(NamedTuple):
+    """What a training run builds once from its resolved config (``train_spec``), allocating
+    nothing: the check of the model at resolve time, the restore target, the shardings and
+    the train step all use these.
+
+    Attributes:
+      graphdef: the model's static graph.
+      abstract: the ``TrainState`` with ``jax.ShapeDtypeStruct`` leaves.
+      tx: the optimizer (``make_optimizer``).
+    """
+
+    graphdef: nnx.GraphDef
+    abstract: TrainState
+    tx: optax.GradientTransformation
+
+
+def train_spec(config: Config) -> TrainSpec:
+    """The ``TrainSpec`` of ``config``.
+
+    Raises:
+      ValueError: as ``build_model`` (a model that cannot be built).
+    """
+    tx = make_optimizer(config.train)
+    return TrainSpec(*abstract_train_state(config, tx), tx)
 
 
 @dataclasses.dataclass(frozen=True)
