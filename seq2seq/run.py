@@ -30,7 +30,7 @@ from seq2seq.sharding import (
     is_main_process,
     main_process_first,
 )
-from seq2seq.summary import write_summary_md
+from seq2seq.summary import RunSummary, write_summary_md
 from seq2seq.training.actions import Action
 from seq2seq.training.context import train_context
 from seq2seq.training.init_from import Parent
@@ -206,7 +206,7 @@ def use_compile_cache(workdir: Path) -> None:
         jax.config.update("jax_compilation_cache_dir", str(compile_cache_dir(workdir)))
 
 
-def train(run: Config | Resolved, *, actions: Sequence[Action] = ()) -> dict[str, Any]:
+def train(run: Config | Resolved, *, actions: Sequence[Action] = ()) -> RunSummary:
     """Train (or resume) the run described by ``run`` (resolved, or a ``Config`` to resolve:
     see ``prepare_run``), then evaluate on the test split.
 
@@ -217,15 +217,7 @@ def train(run: Config | Resolved, *, actions: Sequence[Action] = ()) -> dict[str
     Writes ``test.hyp``, ``test.json`` (the summary below) and ``summary.md`` to the workdir.
 
     Returns:
-      A summary dict: ``status`` (``finished``, ``early_stopping`` or ``max_seconds``),
-      ``step``, ``steps`` (the run's step count: ``train.steps`` or the count
-      ``train.time_budget`` chose), last ``dev`` metrics, ``best`` (metric, value, step, dev loss),
-      ``best_checkpoint``, ``test_step`` (checkpoint decoded), ``test_bleu``/``test_chrf`` with
-      signatures,
-      ``tokens_seen`` (real source+target tokens), ``train_seconds`` (all runs), this run's
-      ``wall_seconds``, ``checkpoints``, ``discarded_checkpoints`` (steps whose save a crash
-      interrupted, deleted at the start) with ``resume_note`` (what the log said about them,
-      "" when none), ``examples``.
+      The ``RunSummary`` (``seq2seq.summary``; ``test.json`` is its ``to_json``).
 
     Raises:
       Interrupted: SIGINT/SIGTERM arrived; a checkpoint of the last finished step was saved.
@@ -258,16 +250,10 @@ def train(run: Config | Resolved, *, actions: Sequence[Action] = ()) -> dict[str
     except (Interrupted, TrainingDiverged) as e:
         status = "interrupted" if isinstance(e, Interrupted) else "diverged"
         if is_main_process():
-            write_summary_md(
-                workdir,
-                config,
-                {
-                    "status": status,
-                    "message": str(e),
-                    "step": e.step,
-                    "wall_seconds": time.perf_counter() - wall_start,
-                },
+            stopped = RunSummary(
+                status, e.step, message=str(e), wall_seconds=time.perf_counter() - wall_start
             )
+            write_summary_md(workdir, config, stopped)
         raise
 
     translator = Translator(
@@ -313,44 +299,44 @@ def train(run: Config | Resolved, *, actions: Sequence[Action] = ()) -> dict[str
             for name, n, w in zip(data.train_corpora, counts, data.train.weights)
         }
     p = result.progress
-    summary = {
-        "status": result.stopped,
-        "step": step,
-        "steps": p.steps(config),
-        "dev": p.dev,
-        "best": result.best.to_json(),
-        "best_checkpoint": result.best_checkpoint,
-        "test_step": result.test_step,
-        "test_bleu": scores.bleu,
-        "test_chrf": scores.chrf,
-        "bleu_signature": scores.bleu_signature,
-        "chrf_signature": scores.chrf_signature,
-        "test_sentences": scores.num_sentences,
-        "test_by_corpus": by_corpus,
-        "corpus_shares": shares,
-        "ema_decay": config.train.ema_decay,
-        "tokens_seen": p.tokens_seen,
-        "target_tokens_seen": p.target_tokens_seen,
-        "skipped_steps": p.skipped_total,
-        "train_seconds": p.train_seconds,
-        "eval_seconds": p.eval_seconds,
-        "decode_seconds": decode_seconds,
-        "wall_seconds": time.perf_counter() - wall_start,
-        "parameters": result.parameters,
-        "trainable_parameters": result.trainable,
-        "optimizer_moment_bytes": result.moment_bytes,
-        "checkpoints": result.checkpoints,
-        "discarded_checkpoints": result.discarded,
-        "resume_note": result.resume_note,
-        "data": data.stats,
-        "examples": [
+    summary = RunSummary(
+        status=result.stopped,
+        step=step,
+        steps=p.steps(config),
+        dev=p.dev,
+        best=result.best.to_json(),
+        best_checkpoint=result.best_checkpoint,
+        test_step=result.test_step,
+        test_bleu=scores.bleu,
+        test_chrf=scores.chrf,
+        bleu_signature=scores.bleu_signature,
+        chrf_signature=scores.chrf_signature,
+        test_sentences=scores.num_sentences,
+        test_by_corpus=by_corpus,
+        corpus_shares=shares,
+        ema_decay=config.train.ema_decay,
+        tokens_seen=p.tokens_seen,
+        target_tokens_seen=p.target_tokens_seen,
+        skipped_steps=p.skipped_total,
+        train_seconds=p.train_seconds,
+        eval_seconds=p.eval_seconds,
+        decode_seconds=decode_seconds,
+        wall_seconds=time.perf_counter() - wall_start,
+        parameters=result.parameters,
+        trainable_parameters=result.trainable,
+        optimizer_moment_bytes=result.moment_bytes,
+        checkpoints=result.checkpoints,
+        discarded_checkpoints=result.discarded,
+        resume_note=result.resume_note,
+        data=data.stats,
+        examples=[
             {"source": s, "reference": r, "hypothesis": h}
             for s, r, h in list(zip(sources, refs, hyps))[:5]
         ],
-    }
+    )
     if main:
         (workdir / "test.json").write_text(
-            json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8"
+            json.dumps(summary.to_json(), indent=1, ensure_ascii=False), encoding="utf-8"
         )
         write_summary_md(workdir, config, summary)
     return summary

@@ -166,13 +166,11 @@ def test_discarded_message_names_the_steps_and_where_the_run_resumed():
 
 def test_summary_md_names_a_discarded_save(tmp_path):
     from seq2seq.config import load_config
-    from seq2seq.summary import summary_markdown
+    from seq2seq.summary import RunSummary, summary_markdown
 
     config = load_config(None, [f"workdir={tmp_path}"])
     note = "step 100 was incomplete (interrupted save); resumed from step 50"
-    text = summary_markdown(
-        tmp_path, config, {"status": "finished", "step": 120, "resume_note": note}
-    )
+    text = summary_markdown(tmp_path, config, RunSummary("finished", 120, resume_note=note))
     assert f"**Resume: {note}.**" in text.split("## Results")[0]  # next to the status
-    plain = summary_markdown(tmp_path, config, {"status": "finished", "step": 120})
+    plain = summary_markdown(tmp_path, config, RunSummary("finished", 120))
     assert "Resume:" not in plain and "interrupted save" not in plain

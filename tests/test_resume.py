@@ -432,7 +432,7 @@ def test_the_application_passes_extra_actions_to_the_loop(corpus, tmp_path):
         actions=[Action("record", 2, lambda loop: seen.append(loop.progress.step))],
     )
     assert seen == [2, 4, 5]
-    assert summary["step"] == 5 and (tmp_path / "run" / "test.json").is_file()
+    assert summary.step == 5 and (tmp_path / "run" / "test.json").is_file()
 
 
 @pytest.mark.slow

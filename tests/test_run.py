@@ -3,12 +3,15 @@ test decode, on the real loop with a tiny model."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from tiny_run import tiny_config, write_corpus
 
 from seq2seq import run as run_module
 from seq2seq.config import replace
 from seq2seq.data.pipeline import decode_source_limit
+from seq2seq.summary import RunSummary
 from seq2seq.trained import load_trained
 from seq2seq.translation import Translator
 
@@ -49,7 +52,7 @@ def test_dev_bleu_decodes_with_beam_search_and_the_test_with_decode_search(tmp_p
     assert dev_decode == replace(config.decode, search="beam", beam_size=2)
     assert (dev_decode.alpha, dev_decode.length_penalty) == (0.8, "plain")
     assert test_decode == config.decode and test_decode.search == "sampling"
-    assert summary["dev"]["bleu_sentences"] == len(dev_src) == 6
+    assert summary.dev["bleu_sentences"] == len(dev_src) == 6
 
     run_config, tokenizer, graphdef, params = load_trained(tmp_path / "run", 2)
     limit = decode_source_limit(run_config)
@@ -104,14 +107,18 @@ def test_a_run_builds_its_abstract_state_optimizer_and_parent_once(tmp_path, mon
         ("resolve_parent", parent): 1,
     }
     summary = run_module.train(tiny_config(corpus, tmp_path / "parent", "train.steps=2"))
-    assert summary["step"] == 2 and dict(calls) == expected_one_run
+    assert summary.step == 2 and dict(calls) == expected_one_run
     calls.clear()
     summary = run_module.train(tiny_config(corpus, tmp_path / "parent", "train.steps=4"))
-    assert summary["step"] == 4 and dict(calls) == expected_one_run  # the resume
+    assert summary.step == 4 and dict(calls) == expected_one_run  # the resume
     calls.clear()
     config = tiny_config(corpus, tmp_path / "child", "train.steps=2", f"train.init_from={parent}")
     summary = run_module.train(config)
-    assert summary["step"] == 2
+    assert summary.step == 2
+    # the typed record and test.json hold the same: the page and the file are one record
+    saved = json.loads((tmp_path / "child" / "test.json").read_text(encoding="utf-8"))
+    assert RunSummary.from_json(saved) == summary and saved == summary.to_json()
+    assert "message" not in saved and summary.best["step"] in (None, 2)
     assert dict(calls) == {
         ("abstract_train_state", child): 1,
         ("abstract_train_state", parent): 1,  # the parent's model: shape check and restore

@@ -51,29 +51,36 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return _fail(str(e))
-    best = summary["best"]
+    best = summary.best
     status = {
         "finished": "",
         "early_stopping": " (stopped early)",
         "max_seconds": " (train.max_seconds reached)",
-    }.get(summary["status"], "")
+    }.get(summary.status, "")
     value = "–" if best["value"] is None else f"{best['value']:.4g}"
     print(
-        f"\nstep {summary['step']}{status}: best dev {best['metric']} {value} "
-        f"at step {best['step']}"
+        f"\nstep {summary.step}{status}: best dev {best['metric']} {value} at step {best['step']}"
     )
     print(
-        f"test BLEU {summary['test_bleu']:.2f}, chrF {summary['test_chrf']:.2f} on "
-        f"{summary['test_sentences']} sentences (checkpoint of step {summary['test_step']})"
+        f"test BLEU {summary.test_bleu:.2f}, chrF {summary.test_chrf:.2f} on "
+        f"{summary.test_sentences} sentences (checkpoint of step {summary.test_step})"
     )
-    print(f"  {summary['bleu_signature']}\n  {summary['chrf_signature']}")
+    print(f"  {summary.bleu_signature}\n  {summary.chrf_signature}")
+    train_s, eval_s, decode_s, wall_s = (
+        x or 0.0
+        for x in (
+            summary.train_seconds,
+            summary.eval_seconds,
+            summary.decode_seconds,
+            summary.wall_seconds,
+        )
+    )
     print(
-        f"  train {summary['train_seconds'] / 60:.1f} min, dev evaluation "
-        f"{summary['eval_seconds'] / 60:.1f} min, test decode {summary['decode_seconds']:.0f} s, "
-        f"wall {summary['wall_seconds'] / 60:.1f} min; {summary['tokens_seen']:,} tokens seen"
+        f"  train {train_s / 60:.1f} min, dev evaluation {eval_s / 60:.1f} min, test decode "
+        f"{decode_s:.0f} s, wall {wall_s / 60:.1f} min; {summary.tokens_seen or 0:,} tokens seen"
     )
     print(f"  outputs in {config.workdir} (see summary.md)")
     print("\nexamples:")
-    for ex in summary["examples"]:
+    for ex in summary.examples:
         print(f"  SRC {ex['source']}\n  REF {ex['reference']}\n  HYP {ex['hypothesis']}\n")
     return 0
