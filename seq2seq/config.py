@@ -199,12 +199,12 @@ class DataConfig:
     train: Any = rule(default_factory=lambda: {"path": "data/tatoeba-en-es/train"}, resume=FIXED)
     dev: Any = rule(default_factory=lambda: {"path": "data/tatoeba-en-es/dev"}, resume=FREE)
     test: Any = rule(default_factory=lambda: {"path": "data/tatoeba-en-es/test"}, resume=FREE)
-    max_len: int = rule(64, resume=REMAPPED)
-    max_tokens: int = rule(0, resume=REMAPPED)
+    max_len: int = rule(64, resume=REMAPPED, range=Range(2, note="a token and EOS"))
+    max_tokens: int = rule(0, resume=REMAPPED, range=Range(0, note="0 = from the corpus"))
     packing: bool = rule(True, resume=REMAPPED)
     skip_empty: bool = rule(True, resume=FIXED)
-    max_length_ratio: float = rule(3.0, resume=FIXED)
-    concat_pairs_to_tokens: int = rule(0, resume=FIXED)
+    max_length_ratio: float = rule(3.0, resume=FIXED, range=Range(0, low_open=True))
+    concat_pairs_to_tokens: int = rule(0, resume=FIXED, range=Range(0, note="0 = off"))
 
     def __post_init__(self):
         for split in SPLITS:
@@ -273,9 +273,18 @@ class TokenizerConfig:
     tgt_model_file: str | None = rule(None, resume=FIXED, finetune=PARENT)
     vocab_size: int = rule(8000, resume=FIXED, finetune=PARENT)
     model_type: str = rule("unigram", resume=FIXED, finetune=PARENT, choices=("unigram", "bpe"))
-    character_coverage: float = rule(1.0, resume=FIXED, finetune=PARENT)
-    input_sentence_size: int = rule(1_000_000, resume=FIXED, finetune=PARENT)
-    input_character_size: int = rule(50_000_000, resume=FIXED, finetune=PARENT)
+    character_coverage: float = rule(
+        1.0,
+        resume=FIXED,
+        finetune=PARENT,
+        range=Range(0.98, 1, note="SentencePiece's; 1 for small alphabets, 0.9995 for large ones"),
+    )
+    input_sentence_size: int = rule(
+        1_000_000, resume=FIXED, finetune=PARENT, range=Range(0, note="0 = all, else > 100")
+    )
+    input_character_size: int = rule(
+        50_000_000, resume=FIXED, finetune=PARENT, range=Range(0, note="0 = no cap")
+    )
     user_defined_symbols: list[str] = rule(default_factory=list, resume=FIXED, finetune=PARENT)
     normalization: str = rule(
         "nmt_nfkc",
@@ -355,16 +364,20 @@ class ModelConfig:
       ConfigError: a string setting is not one of its choices (the message names the key).
     """
 
-    vocab_size: int = rule(0, resume=FIXED, finetune=FIXED)
-    src_vocab_size: int = rule(0, resume=FIXED, finetune=FIXED)
-    d_model: int = rule(256, resume=FIXED, finetune=FIXED)
-    num_heads: int = rule(4, resume=FIXED, finetune=FIXED)
-    num_encoder_layers: int = rule(3, resume=FIXED, finetune=FIXED)
-    num_decoder_layers: int = rule(3, resume=FIXED, finetune=FIXED)
-    d_ff: int = rule(1024, resume=FIXED, finetune=FIXED)
-    dropout_rate: float | None = rule(0.1, resume=FREE)
-    attention_dropout_rate: float = rule(0.0, resume=FREE)
-    activation_dropout_rate: float = rule(0.0, resume=FREE)
+    vocab_size: int = rule(
+        0, resume=FIXED, finetune=FIXED, range=Range(0, note="0 = the tokenizer's")
+    )
+    src_vocab_size: int = rule(
+        0, resume=FIXED, finetune=FIXED, range=Range(0, note="0 = vocab_size or the tokenizer's")
+    )
+    d_model: int = rule(256, resume=FIXED, finetune=FIXED, range=Range(1))
+    num_heads: int = rule(4, resume=FIXED, finetune=FIXED, range=Range(1))
+    num_encoder_layers: int = rule(3, resume=FIXED, finetune=FIXED, range=Range(1))
+    num_decoder_layers: int = rule(3, resume=FIXED, finetune=FIXED, range=Range(1))
+    d_ff: int = rule(1024, resume=FIXED, finetune=FIXED, range=Range(1))
+    dropout_rate: float | None = rule(0.1, resume=FREE, range=Range(0, 1, high_open=True))
+    attention_dropout_rate: float = rule(0.0, resume=FREE, range=Range(0, 1, high_open=True))
+    activation_dropout_rate: float = rule(0.0, resume=FREE, range=Range(0, 1, high_open=True))
     activation: str = rule(
         "relu",
         resume=FIXED,
@@ -381,21 +394,21 @@ class ModelConfig:
     sinusoidal_layout: str = rule(
         "interleaved", resume=FIXED, finetune=FIXED, choices=("interleaved", "halves")
     )
-    relpos_buckets: int = rule(32, resume=FIXED, finetune=FIXED)
-    relpos_max_distance: int = rule(128, resume=FIXED, finetune=FIXED)
-    rope_base: float = rule(10_000.0, resume=FIXED, finetune=FIXED)
+    relpos_buckets: int = rule(32, resume=FIXED, finetune=FIXED, range=Range(1))
+    relpos_max_distance: int = rule(128, resume=FIXED, finetune=FIXED, range=Range(1))
+    rope_base: float = rule(10_000.0, resume=FIXED, finetune=FIXED, range=Range(0, low_open=True))
     share_embeddings: str = rule(
         "all", resume=FIXED, finetune=FIXED, choices=("all", "target", "none")
     )
-    max_len: int = rule(512, resume=FIXED, finetune=FIXED)
+    max_len: int = rule(512, resume=FIXED, finetune=FIXED, range=Range(1))
     scale_embeddings: bool = rule(True, resume=FIXED, finetune=FIXED)
     logits_bias: bool = rule(False, resume=FIXED, finetune=FIXED)
-    norm_epsilon: float = rule(1e-6, resume=FIXED, finetune=FIXED)
+    norm_epsilon: float = rule(1e-6, resume=FIXED, finetune=FIXED, range=Range(0, low_open=True))
     dtype: str = rule("float32", resume=FREE, choices=("float32", "bfloat16"))
     matmul_dtype: str = rule("float32", resume=FREE, choices=("float32", "bfloat16"))
     attention: str = rule("dense", resume=FREE, choices=("dense", "chunked", "cudnn"))
-    attention_q_block: int = rule(256, resume=FREE)
-    attention_kv_block: int = rule(256, resume=FREE)
+    attention_q_block: int = rule(256, resume=FREE, range=Range(1))
+    attention_kv_block: int = rule(256, resume=FREE, range=Range(1))
 
     def __post_init__(self):
         # The field used to be a bool; YAML true/false arrive as bools or "True"/"False".
@@ -523,38 +536,44 @@ class TrainConfig:
     """
 
     seed: int = rule(0, resume=FIXED)
-    steps: int = rule(0, resume=FREE)
-    token_budget: int = rule(960 * 2048, resume=FREE)
-    learning_rate: float = rule(2e-3, resume=FIXED)
-    warmup_steps: int = rule(0, resume=FIXED)
+    steps: int = rule(0, resume=FREE, range=Range(0, note="0 = from train.token_budget"))
+    token_budget: int = rule(960 * 2048, resume=FREE, range=Range(1))
+    learning_rate: float = rule(2e-3, resume=FIXED, range=Range(0))
+    warmup_steps: int = rule(0, resume=FIXED, range=Range(0, note="0 = a fifth of the steps"))
     schedule: str = rule("rsqrt", resume=FIXED, choices=("rsqrt", "linear"))
-    b1: float = rule(0.9, resume=FIXED)
-    b2: float = rule(0.98, resume=FIXED)
-    eps: float = rule(1e-9, resume=FIXED)
-    weight_decay: float = rule(1e-4, resume=FIXED)
-    clip_norm: float = rule(1.0, resume=FIXED)
-    label_smoothing: float = rule(0.1, resume=FIXED)
-    grad_accum_steps: int = rule(1, resume=FIXED)
-    max_skipped_steps: int = rule(10, resume=FREE)
-    eval_every: int = rule(500, resume=FREE)
-    checkpoint_every: int = rule(500, resume=FREE)
-    log_every: int = rule(50, resume=FREE)
+    b1: float = rule(0.9, resume=FIXED, range=Range(0, 1, high_open=True))
+    b2: float = rule(0.98, resume=FIXED, range=Range(0, 1, high_open=True))
+    eps: float = rule(1e-9, resume=FIXED, range=Range(0))
+    weight_decay: float = rule(1e-4, resume=FIXED, range=Range(0))
+    clip_norm: float = rule(1.0, resume=FIXED, range=Range(0, note="0 = off"))
+    label_smoothing: float = rule(0.1, resume=FIXED, range=Range(0, 1, high_open=True))
+    grad_accum_steps: int = rule(1, resume=FIXED, range=Range(1))
+    max_skipped_steps: int = rule(10, resume=FREE, range=Range(0, note="0 = never stop"))
+    eval_every: int = rule(500, resume=FREE, range=Range(1))
+    checkpoint_every: int = rule(500, resume=FREE, range=Range(1))
+    log_every: int = rule(50, resume=FREE, range=Range(1))
     dev_bleu: bool = rule(True, resume=FREE)
-    bleu_subset: int = rule(500, resume=FREE)
-    bleu_beam_size: int = rule(1, resume=FREE)
+    bleu_subset: int = rule(500, resume=FREE, range=Range(0, note="0 = all"))
+    bleu_beam_size: int = rule(1, resume=FREE, range=Range(0, note="0 = decode.beam_size"))
     best_metric: str = rule("bleu", resume=FIXED, choices=("bleu", "chrf", "loss"))
-    keep_checkpoints: int = rule(3, resume=FREE)
+    keep_checkpoints: int = rule(3, resume=FREE, range=Range(0))
     keep_best: bool = rule(True, resume=FREE)
-    patience: int = rule(0, resume=FREE)
+    patience: int = rule(0, resume=FREE, range=Range(0, note="0 = never"))
     test_checkpoint: str = rule("best", resume=FREE, choices=("best", "last"))
-    max_seconds: float = rule(0.0, resume=FREE)
-    time_budget: float = rule(0.0, resume=FREE)
+    max_seconds: float = rule(0.0, resume=FREE, range=Range(0, note="seconds; 0 = off"))
+    time_budget: float = rule(0.0, resume=FREE, range=Range(0, note="seconds; 0 = off"))
     init_from: str | None = rule(None, resume=FIXED)
     init_optimizer: bool = rule(False, resume=FIXED)
-    ema_decay: float = rule(0.0, resume=FIXED)
-    lora_rank: int = rule(0, resume=FIXED)
-    lora_alpha: float = rule(16.0, resume=FIXED)
-    lora_targets: list[str] = rule(default_factory=lambda: ["attention"], resume=FIXED)
+    ema_decay: float = rule(
+        0.0, resume=FIXED, range=Range(0, 1, high_open=True, note="0 = off; e.g. 0.999")
+    )
+    lora_rank: int = rule(0, resume=FIXED, range=Range(0, note="0 = off"))
+    lora_alpha: float = rule(16.0, resume=FIXED, range=Range(0, low_open=True, note="scale α / r"))
+    lora_targets: list[str] = rule(
+        default_factory=lambda: ["attention"],
+        resume=FIXED,
+        choices=("attention", "ffn", "query", "key", "value", "out", "wi", "wi_gate", "wo"),
+    )
     allow_config_change: bool = rule(False, resume=FREE)
     allow_data_change: bool = rule(False, resume=FREE)
 
@@ -601,7 +620,7 @@ class DecodeConfig:
     max_len_b: int = rule(10, resume=FREE, range=Range(1))
     min_length: int = rule(0, resume=FREE, range=Range(0))
     max_tokens: int = rule(8192, resume=FREE, range=Range(1))
-    test_limit: int = rule(0, resume=FREE)
+    test_limit: int = rule(0, resume=FREE, range=Range(0, note="0 = all"))
     temperature: float = rule(1.0, resume=FREE, range=Range(0, low_open=True), only_for=SAMPLING)
     top_k: int = rule(0, resume=FREE, range=Range(0, note="0 = off"), only_for=SAMPLING)
     top_p: float = rule(
@@ -680,7 +699,7 @@ class DistributedConfig:
     num_processes: int | None = rule(None, resume=FREE, range=Range(1))
     process_id: int | None = rule(None, resume=FREE, range=Range(0))
     auto: bool = rule(False, resume=FREE)
-    initialization_timeout: int = rule(300, resume=FREE)
+    initialization_timeout: int = rule(300, resume=FREE, range=Range(1, note="seconds"))
 
 
 @dataclass(frozen=True)
@@ -781,6 +800,17 @@ def range_problems(section: Any, prefix: str) -> list[str]:
         if problem:
             out.append(f"{prefix}{f.name} {problem}")
     return out
+
+
+def check_ranges(section: Any, prefix: str) -> None:
+    """Refuse the values of ``section`` outside their keys' ``Range`` (``range_problems``).
+
+    Raises:
+      ConfigError: every such value, ``train.eval_every must be ≥ 1, got 0``, joined by ``; ``.
+    """
+    problems = range_problems(section, prefix)
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 # Keys that may change when a run resumes, and those whose change moves the data position.

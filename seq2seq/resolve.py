@@ -40,6 +40,7 @@ from seq2seq.config import (
     ConfigError,
     ModelConfig,
     check_position_limits,
+    check_ranges,
     flatten,
     load_config,
     replace,
@@ -240,6 +241,7 @@ def log_changes(resolved: Resolved) -> None:
 def check_run_config(config: Config, *, mesh: bool = True) -> TrainSpec:
     """Every check that needs no data, run before any work starts (no file read or written).
 
+    Every key's ``Range`` in the schema (``seq2seq.config.check_ranges``, section by section),
     ``train`` (``check_train_config``), ``decode`` (``check_decode_config``), tokenizer and
     vocabulary settings (``check_vocabularies``), the corpus entries (``check_corpora``:
     weights, tags, directions), ``train.init_from`` (``check_init_from``: the parent's
@@ -262,6 +264,7 @@ def _check_run_config(config: Config, parent: Parent | None, *, mesh: bool) -> T
     """``check_run_config`` with the parent already resolved (``resolve_config``)."""
     check_train_config(config)
     check_decode_config(config.decode)
+    check_ranges(config.distributed, "distributed.")
     check_vocabularies(config)
     check_corpora(config)
     d, m = config.data, config.model
@@ -273,16 +276,14 @@ def _check_run_config(config: Config, parent: Parent | None, *, mesh: bool) -> T
                 raise ConfigError(
                     f"{key}.format must be one of {', '.join(FORMATS)}; got {source.format!r}"
                 )
-    if d.max_len < 2:
-        raise ConfigError(f"data.max_len must be >= 2 (a token and EOS), got {d.max_len}")
-    if d.max_tokens < 0:
-        raise ConfigError(f"data.max_tokens must be >= 0 (0 = from the corpus), got {d.max_tokens}")
+    check_ranges(d, "data.")  # each key's Range in the schema: max_len ≥ 2, max_tokens ≥ 0, ...
+    check_ranges(m, "model.")  # sizes ≥ 1, dropout rates in [0, 1), block sizes, ...
     if d.max_tokens < d.max_len:
         raise ConfigError(
             f"data.max_tokens={d.max_tokens} is less than one row of "
             f"data.max_len={d.max_len} tokens"
         )
-    if not 0 <= d.concat_pairs_to_tokens <= d.max_len:
+    if d.concat_pairs_to_tokens > d.max_len:
         raise ConfigError(
             f"data.concat_pairs_to_tokens={d.concat_pairs_to_tokens} must be in "
             f"[0, data.max_len={d.max_len}] (a document must fit a row; 0 = off)"
@@ -316,13 +317,12 @@ def _check_run_config(config: Config, parent: Parent | None, *, mesh: bool) -> T
 def check_attention_config(m: ModelConfig) -> None:
     """``model.attention`` and its block sizes (``model/attention.py``).
 
+    The block sizes' range (≥ 1) is the schema's, checked with the other ``model`` keys.
+
     Raises:
-      ConfigError: a block size < 1, or ``cudnn`` (cuDNN flash attention) without a GPU
-        backend; the message names the key, the value and the reason.
+      ConfigError: ``cudnn`` (cuDNN flash attention) without a GPU backend; the message names
+        the key, the value and the reason.
     """
-    for key in ("attention_q_block", "attention_kv_block"):
-        if getattr(m, key) < 1:
-            raise ConfigError(f"model.{key} must be >= 1, got {getattr(m, key)}")
     backend = jax.default_backend()
     if m.attention == "cudnn" and backend != "gpu":
         raise ConfigError(

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from seq2seq.config import DecodeConfig, range_problems
+from seq2seq.config import ConfigError, DecodeConfig, range_problems
 from seq2seq.data.pipeline import unknown_rate
 from seq2seq.data.tokenizer import Tokenizer, TokenizerPair
 from seq2seq.decoding import LENGTH_PENALTIES, length_penalty, target_logprobs_jit
@@ -114,7 +114,8 @@ def check_decode_config(config: DecodeConfig) -> None:
     """Validate decoding options before any work is done.
 
     Raises:
-      ValueError: a value is out of range; the message names the ``decode.*`` key.
+      ConfigError: a value is out of range (a ``ValueError``); the message names the
+        ``decode.*`` key.
     """
     problems = range_problems(config, "decode.")  # each key's Range in the schema
     if config.length_penalty not in LENGTH_PENALTIES:
@@ -123,7 +124,7 @@ def check_decode_config(config: DecodeConfig) -> None:
             f"got {config.length_penalty!r}"
         )
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ConfigError("; ".join(problems))
 
 
 def chunk_rules(

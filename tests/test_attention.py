@@ -228,8 +228,8 @@ def test_cudnn_is_refused_off_gpu_with_a_named_error(tmp_path, capsys):
     "override, message",
     [
         ("model.attention=flash", r"model.attention must be one of dense, chunked, cudnn"),
-        ("model.attention_q_block=0", r"model.attention_q_block must be >= 1, got 0"),
-        ("model.attention_kv_block=-2", r"model.attention_kv_block must be >= 1, got -2"),
+        ("model.attention_q_block=0", r"model.attention_q_block must be ≥ 1, got 0"),
+        ("model.attention_kv_block=-2", r"model.attention_kv_block must be ≥ 1, got -2"),
     ],
 )
 def test_bad_attention_settings_name_the_key(tmp_path, override, message):

@@ -3,13 +3,17 @@ schema (``seq2seq.config.rule``): a value just outside a key's ``Range`` is refu
 and by config validation with the same rule, so the two cannot drift (issue 51)."""
 
 import argparse
+import dataclasses
 import math
 
 import pytest
+from tiny_run import tiny_config, write_corpus
 
 from seq2seq import config
 from seq2seq.cli import common
-from seq2seq.config import DecodeConfig, Range, range_of, replace
+from seq2seq.config import ConfigError, DecodeConfig, Range, range_of, replace
+from seq2seq.model.lora import TARGETS as LORA_TARGETS
+from seq2seq.resolve import check_run_config
 from seq2seq.translation import check_decode_config
 
 
@@ -76,7 +80,41 @@ def test_a_flag_and_config_validation_refuse_the_same_value_with_the_same_rule(o
 
 
 def test_the_defaults_are_in_range():
-    assert config.range_problems(DecodeConfig(), "decode.") == []
+    defaults = config.Config()
+    for f in dataclasses.fields(defaults):
+        section = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(section):
+            assert config.range_problems(section, f"{f.name}.") == [], f.name
+
+
+# every key of the schema with a Range, and the values just outside each of its bounds
+OUTSIDE = [
+    (key, value)
+    for key, r in config.rules().items()
+    if r.range is not None
+    for value in _outside(r.range, config.key_type(key))
+]
+
+
+def test_the_ranged_keys_cover_every_section():
+    sections = {key.split(".")[0] for key, _ in OUTSIDE}
+    assert sections == {"data", "tokenizer", "model", "train", "decode", "distributed"}
+    assert {"data.max_len", "train.ema_decay", "model.attention_q_block"} <= {k for k, _ in OUTSIDE}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ranges")
+    return tiny_config(write_corpus(root / "data", train=40), root / "run")
+
+
+@pytest.mark.parametrize("key, value", OUTSIDE, ids=[f"{k}={v}" for k, v in OUTSIDE])
+def test_config_validation_refuses_a_value_just_outside_each_bound(tiny, key, value):
+    """Through the run's validation (``check_run_config``), whichever module checks the
+    section: the error names the key, its rule and the value."""
+    with pytest.raises(ConfigError) as refused:
+        check_run_config(replace(tiny, **{key: value}), mesh=False)
+    assert f"{key} must be {range_of(key).text()}, got {value}" in str(refused.value)
 
 
 def test_choices_and_sampling_only_options_come_from_the_schema():
@@ -97,6 +135,13 @@ def test_choices_and_sampling_only_options_come_from_the_schema():
             "decode.seed",
         }
     )
+
+
+def test_the_choice_lists_the_modules_keep_are_the_schemas():
+    from seq2seq.training.early_stopping import MODES
+
+    assert LORA_TARGETS == config.choices("train.lora_targets")
+    assert tuple(MODES) == config.choices("train.best_metric")
 
 
 def test_the_matmul_option_has_the_schemas_choices():

@@ -6,6 +6,8 @@ run trains only them (``seq2seq.training.step``) and every reader merges them
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -196,9 +198,12 @@ def test_rank_zero_is_the_model_and_optimizer_of_before():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["train.lora_rank=-1"], "train.lora_rank must be >= 0"),
+        (["train.lora_rank=-1"], "train.lora_rank must be ≥ 0 (0 = off), got -1"),
         (["train.lora_rank=4"], "train.lora_rank=4 needs train.init_from"),
-        (["train.lora_rank=4", "train.init_from=p", "train.lora_alpha=0"], "train.lora_alpha"),
+        (
+            ["train.lora_rank=4", "train.init_from=p", "train.lora_alpha=0"],
+            "train.lora_alpha must be > 0 (scale α / r), got 0.0",
+        ),
         (
             ["train.lora_rank=4", "train.init_from=p", "train.lora_targets=[q_proj]"],
             "train.lora_targets: unknown projection 'q_proj'",
@@ -219,7 +224,7 @@ def test_rank_zero_is_the_model_and_optimizer_of_before():
     ],
 )
 def test_bad_values_are_errors_naming_the_key(overrides, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         check_train_config(load_config(None, overrides))
 
 

@@ -238,7 +238,9 @@ def test_separate_vocabularies_with_shared_embeddings_fail_before_reading(tmp_pa
     )
     with pytest.raises(ConfigError, match="model.share_embeddings=target or none"):
         prepare(config, config.workdir)
-    with pytest.raises(ConfigError, match="tokenizer.character_coverage=0.5"):
+    with pytest.raises(
+        ConfigError, match=r"tokenizer.character_coverage must be in \[0.98, 1\].*, got 0.5"
+    ):
         prepare(
             replace(config, **{"tokenizer.joint": True, "tokenizer.character_coverage": 0.5}),
             config.workdir,

@@ -188,7 +188,8 @@ def test_a_negative_time_budget_is_a_named_error(tmp_path):
     corpus = write_corpus(tmp_path / "data", train=300)
     for key in ("time_budget", "max_seconds"):
         config = tiny_config(corpus, tmp_path / "run", f"train.{key}=-5")
-        with pytest.raises(ConfigError, match=f"train.{key} must be >= 0 seconds"):
+        rule = rf"train.{key} must be ≥ 0 \(seconds; 0 = off\), got -5.0"
+        with pytest.raises(ConfigError, match=rule):
             check_train_config(config)
 
 

@@ -115,7 +115,7 @@ def test_corpus_lists_load_and_bad_values_are_named_errors(tmp_path):
         "data.dev.0.weight=2": "data.dev.0.weight=2.0: weights are for the entries of a data.train",
         "data.train.0.tag='<2 es>'": "data.train.0.tag must be one token",
         "data.test.1.src_lang=en": "data.test.1: source and target language are both 'en'",
-        "train.ema_decay=1.0": "train.ema_decay must be in [0, 1)",
+        "train.ema_decay=1.0": "train.ema_decay must be in [0, 1) (0 = off; e.g. 0.999), got 1.0",
         "train.init_optimizer=true": "train.init_optimizer=true needs train.init_from",
         f"train.init_from={tmp_path / 'nowhere'}": "not a run directory",
     }

@@ -206,9 +206,14 @@ def test_vocabulary_too_small_for_the_alphabet_suggests_a_size_that_works(tmp_pa
     "change, key",
     [
         ({"model_type": "word"}, "tokenizer.model_type='word'"),
-        ({"character_coverage": 0.9}, "tokenizer.character_coverage=0.9"),
+        (
+            {"character_coverage": 0.9},
+            "tokenizer.character_coverage must be in [0.98, 1] (SentencePiece's; 1 for small "
+            "alphabets, 0.9995 for large ones), got 0.9",
+        ),
         ({"input_sentence_size": 50}, "tokenizer.input_sentence_size=50"),
-        ({"input_sentence_size": -1}, "tokenizer.input_sentence_size=-1"),
+        ({"input_sentence_size": -1}, "tokenizer.input_sentence_size must be ≥ 0"),
+        ({"input_character_size": -1}, "tokenizer.input_character_size must be ≥ 0"),
         ({"vocab_size": 5, "user_defined_symbols": ["<a>"]}, "tokenizer.vocab_size=5"),
         ({"user_defined_symbols": ["<a>", "<a>"]}, "tokenizer.user_defined_symbols"),
         ({"src_model_file": "x.model"}, "tokenizer.src_model_file"),

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from seq2seq.config import TokenizerConfig, choices
+from seq2seq.config import TokenizerConfig, choices, range_problems
 
 log = logging.getLogger(__name__)
 
@@ -306,10 +306,11 @@ def check_options(config: TokenizerConfig) -> None:
 
     Raises:
       TokenizerError: naming the key, for an unknown ``model_type`` or ``normalization``,
-        ``character_coverage`` outside [0.98, 1], ``input_sentence_size`` in 1…100 or
-        negative, ``vocab_size`` not above the 4 special ids plus the user-defined symbols
-        (plus 256 byte pieces with ``byte_fallback``), an empty or duplicated
-        user-defined symbol, model files that do not fit ``joint``, or ``normalization``/
+        a value outside its key's ``Range`` in the schema (``character_coverage`` in
+        [0.98, 1], ``input_sentence_size`` and ``input_character_size`` ≥ 0),
+        ``input_sentence_size`` in 1…100, ``vocab_size`` not above the 4 special ids plus
+        the user-defined symbols (plus 256 byte pieces with ``byte_fallback``), an empty or
+        duplicated user-defined symbol, model files that do not fit ``joint``, or ``normalization``/
         ``byte_fallback`` set for models that are all given as files.
     """
     if config.model_type not in MODEL_TYPES:
@@ -321,21 +322,13 @@ def check_options(config: TokenizerConfig) -> None:
             f"tokenizer.normalization={config.normalization!r}: expected one "
             f"of {', '.join(NORMALIZATIONS)}"
         )
-    if not 0.98 <= config.character_coverage <= 1.0:
-        raise TokenizerError(
-            f"tokenizer.character_coverage={config.character_coverage}: "
-            "SentencePiece accepts 0.98 to 1.0 (1.0 for small alphabets, "
-            "0.9995 for large ones such as Chinese or Japanese)"
-        )
-    if config.input_sentence_size < 0 or 0 < config.input_sentence_size <= 100:
+    problems = range_problems(config, "tokenizer.")  # each key's Range in the schema
+    if problems:
+        raise TokenizerError("; ".join(problems))
+    if 0 < config.input_sentence_size <= 100:  # the range's gap (≥ 0 is the schema's)
         raise TokenizerError(
             f"tokenizer.input_sentence_size={config.input_sentence_size}: "
             "use 0 (all sentences) or more than 100"
-        )
-    if config.input_character_size < 0:
-        raise TokenizerError(
-            f"tokenizer.input_character_size={config.input_character_size}: "
-            "use 0 (no cap) or a positive number of characters"
         )
     symbols = list(config.user_defined_symbols)
     if any(not s for s in symbols) or len(set(symbols)) != len(symbols):

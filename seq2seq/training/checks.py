@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-from seq2seq.config import Config, ConfigError
+from seq2seq.config import Config, ConfigError, check_ranges, choices
 from seq2seq.model.layers import GATED
-from seq2seq.model.lora import TARGETS as LORA_TARGETS
-from seq2seq.training.early_stopping import MODES
 from seq2seq.training.step import SCHEDULES
 
 
@@ -14,28 +12,12 @@ def check_train_config(config: Config) -> None:
     """Reject ``train`` settings the loop cannot honour.
 
     Raises:
-      ConfigError: a value is out of range or settings contradict each other; the message
-        names the key.
+      ConfigError: a value outside its key's ``Range`` (all of them, in the schema's order),
+        not one of its choices, or settings that contradict each other; the message names
+        the key.
     """
     t = config.train
-    positive = ("grad_accum_steps", "eval_every", "checkpoint_every", "log_every", "token_budget")
-    for key in positive:
-        if getattr(t, key) < 1:
-            raise ConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
-    for key in ("max_seconds", "time_budget"):
-        if getattr(t, key) < 0:
-            raise ConfigError(f"train.{key} must be >= 0 seconds (0 = off), got {getattr(t, key)}")
-    for key in (
-        "steps",  # 0: from train.token_budget (seq2seq/data/recipe.py)
-        "warmup_steps",  # 0: a fifth of the steps
-        "max_skipped_steps",
-        "bleu_subset",
-        "bleu_beam_size",
-        "patience",
-        "keep_checkpoints",
-    ):
-        if getattr(t, key) < 0:
-            raise ConfigError(f"train.{key} must be >= 0, got {getattr(t, key)}")
+    check_ranges(t, "train.")  # each key's Range in the schema
     if t.schedule not in SCHEDULES:
         raise ConfigError(
             f"train.schedule must be one of {', '.join(SCHEDULES)}, got {t.schedule!r}"
@@ -46,22 +28,19 @@ def check_train_config(config: Config) -> None:
             "no linear decay left to continue; set train.init_optimizer=false (a fresh "
             "optimizer and schedule) or train.schedule=rsqrt"
         )
-    if t.best_metric not in MODES:
+    metrics, kept = choices("train.best_metric"), choices("train.test_checkpoint")
+    if t.best_metric not in metrics:
         raise ConfigError(
-            f"train.best_metric must be one of {sorted(MODES)}, got {t.best_metric!r}"
+            f"train.best_metric must be one of {', '.join(metrics)}, got {t.best_metric!r}"
         )
     if t.best_metric in ("bleu", "chrf") and not t.dev_bleu:
         raise ConfigError(
             f"train.best_metric={t.best_metric} needs train.dev_bleu=true (dev BLEU and chrF "
             "are scored with it), or use best_metric=loss"
         )
-    if not 0.0 <= t.ema_decay < 1.0:
+    if t.test_checkpoint not in kept:
         raise ConfigError(
-            f"train.ema_decay must be in [0, 1) (0 = no EMA; e.g. 0.999), got {t.ema_decay}"
-        )
-    if t.test_checkpoint not in ("best", "last"):
-        raise ConfigError(
-            f"train.test_checkpoint must be 'best' or 'last', got {t.test_checkpoint!r}"
+            f"train.test_checkpoint must be one of {', '.join(kept)}, got {t.test_checkpoint!r}"
         )
     check_lora_config(config)
 
@@ -69,21 +48,21 @@ def check_train_config(config: Config) -> None:
 def check_lora_config(config: Config) -> None:
     """``train.lora_rank``, ``lora_alpha`` and ``lora_targets`` (``seq2seq/model/lora.py``).
 
+    Their ranges (a rank ≥ 0, α > 0) are the schema's, checked by ``check_train_config``.
+
     Raises:
-      ConfigError: a negative rank or one above ``model.d_model``; with a rank, α ≤ 0, no or
-        an unknown target, ``wi_gate`` without a gated activation, no ``train.init_from``
-        (the adapters adapt a trained model) or ``train.init_optimizer`` (the parent's
-        moments are those of the full weights); the message names the key and value.
+      ConfigError: a rank above ``model.d_model``; with a rank, no or an unknown target,
+        ``wi_gate`` without a gated activation, no ``train.init_from`` (the adapters adapt
+        a trained model) or ``train.init_optimizer`` (the parent's moments are those of the
+        full weights); the message names the key and value.
     """
     t, m = config.train, config.model
-    if t.lora_rank < 0:
-        raise ConfigError(f"train.lora_rank must be >= 0 (0 = off), got {t.lora_rank}")
     targets = list(t.lora_targets)
-    unknown = [x for x in targets if x not in LORA_TARGETS]
+    unknown = [x for x in targets if x not in choices("train.lora_targets")]
     if unknown:
         raise ConfigError(
             f"train.lora_targets: unknown projection {unknown[0]!r}; choose from "
-            f"{', '.join(LORA_TARGETS)}"
+            f"{', '.join(choices('train.lora_targets'))}"
         )
     if not t.lora_rank:
         return
@@ -92,8 +71,6 @@ def check_lora_config(config: Config) -> None:
             f"train.lora_rank={t.lora_rank} is above model.d_model={m.d_model}: an adapter of "
             "full rank or more is no low-rank adaptation"
         )
-    if not t.lora_alpha > 0:
-        raise ConfigError(f"train.lora_alpha must be > 0 (scale α / r), got {t.lora_alpha}")
     if not targets:
         raise ConfigError("train.lora_targets is empty: name the projections to adapt")
     if "wi_gate" in targets and m.activation not in GATED:
