@@ -21,7 +21,6 @@ import os
 import re
 import sys
 import time
-from typing import cast
 
 DEVICES = 8
 if "jax" not in sys.modules:  # must be set before jax starts
@@ -34,14 +33,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from seq2seq.config import Config, MeshConfig, replace  # noqa: E402
-from seq2seq.data.batching import FIELDS  # noqa: E402
 from seq2seq.resolve import resolve  # noqa: E402
 from seq2seq.sharding import MeshError, Partitioner, check_model, make_mesh  # noqa: E402
-from seq2seq.training.step import (  # noqa: E402
-    abstract_train_state,  # noqa: E402
-    make_optimizer,
-    sharded_train_step,
-)
+from seq2seq.training.context import train_context  # noqa: E402
 
 MESHES = ((8, 1, 1), (1, 8, 1), (2, 4, 1), (2, 2, 2), (2, 1, 4), (1, 1, 8))
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -141,29 +135,14 @@ def collective_bytes(hlo_text: str) -> dict[str, list[float]]:
 
 
 def measure(config: Config, shape: tuple[int, int, int]) -> dict:
-    """Compile the train step of ``config`` on mesh ``shape``; collective bytes and state size."""
-    graphdef, abstract = abstract_train_state(config)
+    """Compile the train step of ``config`` on mesh ``shape`` as the training loop builds it
+    (``seq2seq.training.context.train_context``); collective bytes and state size."""
     p = Partitioner(make_mesh(MeshConfig(*shape)))
     check_model(config.model, p.mesh)
-    shardings = p.shardings(abstract)
-    # a jitted function (``Callable`` in its signature): lowered here, never called
-    step = cast(
-        jax.stages.Wrapped,
-        sharded_train_step(
-            p,
-            shardings,
-            graphdef,
-            make_optimizer(config.train),
-            bos_id=2,
-            label_smoothing=config.train.label_smoothing,
-        ),
-    )
-    rows, length = config.data.max_tokens // config.data.max_len, config.data.max_len
-    batch = {
-        k: jax.ShapeDtypeStruct((rows, length), np.int32, sharding=p.batch_sharding) for k in FIELDS
-    }
+    context = train_context(config, p)
+    abstract, shardings = context.abstract, context.shardings
     start = time.perf_counter()
-    compiled = step.lower(p.abstract(abstract), batch).compile()
+    compiled = context.lower().compile()
     seconds = time.perf_counter() - start
     state_bytes = sum(
         int(np.prod(s.shard_shape(x.shape))) * x.dtype.itemsize
