@@ -30,7 +30,7 @@ from seq2seq.config import ConfigError, TokenizerConfig, load_config
 from seq2seq.data.tokenizer import Tokenizer, TokenizerError, train_or_load
 from seq2seq.run import prepare_run
 from seq2seq.trained import load_trained
-from seq2seq.training.checkpoints import HANG_MARKER, HANG_SAVE_ENV, Checkpointer
+from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.checks import check_train_config
 from seq2seq.training.loop import fit
 from seq2seq.training.metrics import read_metrics
@@ -291,16 +291,17 @@ def test_kill_during_save_keeps_last_checkpoint(corpus, tmp_path):
         "train.checkpoint_every=4",
         "decode.test_limit=2",
     )
+    # the save of step 8 hangs half-written (tests/hang_save.py), then the process is killed
     proc = subprocess.Popen(
-        train_command(overrides),
-        env=cli_env(**{HANG_SAVE_ENV: "8"}),
+        [sys.executable, str(Path(__file__).with_name("hang_save.py")), "8", *overrides],
+        env=cli_env(),
         cwd=ROOT,
         text=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
     ckdir = checkpoint_dir(workdir)
-    _wait_for(lambda: any(ckdir.rglob(HANG_MARKER)), 240, proc, "the save of step 8 to start")
+    _wait_for(lambda: any(ckdir.rglob("hang_marker")), 240, proc, "the save of step 8 to start")
     # the save of step 8 is half-written in its temporary folder; 4 is the last complete one
     assert [p.name for p in ckdir.iterdir() if p.name.startswith("8.orbax-checkpoint-tmp")]
     assert checkpoint_steps(workdir) == [4]

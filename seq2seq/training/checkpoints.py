@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -56,35 +54,6 @@ def _path(keys) -> str:
     return ".".join(parts)
 
 
-# Test hook (crash-safety tests only): the save of this step holds its temporary directory open
-# (after writing part of it) for an hour, so a test can kill the process mid-save for certain.
-HANG_SAVE_ENV = "SEQ2SEQ_TEST_HANG_SAVE_STEP"
-HANG_MARKER = "hang_marker"
-
-
-class _HangHandler(ocp.JsonCheckpointHandler):
-    """Writes its JSON item (file ``HANG_MARKER``), then sleeps inside the save
-    (see ``HANG_SAVE_ENV``)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(HANG_MARKER)
-
-    async def _save_fn(self, x, directory):
-        await super()._save_fn(x, directory)
-        log.warning("test hook %s: holding the save of step %s open", HANG_SAVE_ENV, x.get("step"))
-        time.sleep(3600)
-
-
-@ocp.args.register_with_handler(_HangHandler, for_save=True)
-class _HangSave(ocp.args.JsonSave):
-    """Save arguments of the test hook item."""
-
-
-@ocp.args.register_with_handler(_HangHandler, for_restore=True)
-class _HangRestore(ocp.args.JsonRestore):
-    """Restore arguments of the test hook item (orbax wants both directions registered)."""
-
-
 class _QuietOrbax(logging.Filter):
     """Drops two orbax warnings that are expected here: saves without a metric while the best
     checkpoint is tracked, and items skipped when only the metadata tree is read."""
@@ -95,7 +64,7 @@ class _QuietOrbax(logging.Filter):
         return not any(text in record.getMessage() for text in self.EXPECTED)
 
 
-logging.getLogger("absl").addFilter(_QuietOrbax())
+_QUIET_ORBAX = _QuietOrbax()
 
 
 def incomplete_steps(directory: str | Path) -> list[int]:
@@ -165,6 +134,7 @@ class Checkpointer:
             raise ValueError(f"best_mode must be None, 'max' or 'min', got {best_mode!r}")
         self.directory = Path(directory).absolute()
         self.best_mode = best_mode
+        logging.getLogger("absl").addFilter(_QUIET_ORBAX)  # once: addFilter skips a repeat
         # read before orbax deletes them (it does when the manager opens)
         self.discarded = incomplete_steps(self.directory) if cleanup_tmp else []
         policies: list[Any] = [ocm.LatestN(keep or None)]
@@ -219,8 +189,6 @@ class Checkpointer:
           metric: the value ranked by ``best_mode`` (e.g. dev BLEU); None = not a candidate.
         """
         items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(metadata))
-        if os.environ.get(HANG_SAVE_ENV) == str(step):
-            items["test_hang"] = _HangSave({"step": step})
         metrics = None if metric is None or self.best_mode is None else {"value": float(metric)}
         self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
 
