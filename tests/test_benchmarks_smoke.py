@@ -5,6 +5,7 @@ The others run elsewhere: benchmark (test_benchmark), long_inputs, compare, comp
 profile_step (test_compare), export_check (test_export), plan_shipped (test_plan), workflows,
 gpu_check, load_test (test_serve) and serve_screenshot. Not run by any test (each trains or
 times real runs for minutes): ab_speed, data_scale, lora_adapt, marian_peer, mbr_vs_beam.
+quickstart (the README's first command in a fresh clone) runs here in a tiny mode.
 """
 
 from __future__ import annotations
@@ -95,3 +96,30 @@ def test_bulk_speed_times_both_commands_on_the_same_output(tmp_path):
     assert bulk and all(r["same_output"] for r in bulk)  # line for line the plain output
     assert all(r["seconds"] > 0 for r in rows) and len(rows) > len(bulk)
     assert all(r["decode_sentences_per_s"] > 0 for r in bulk)
+
+
+@pytest.mark.slow
+def test_quickstart_records_a_fresh_clone_run_and_writes_its_table(tmp_path):
+    """``benchmarks.quickstart --smoke``: a clone of this checkout trains a tiny model; the
+    record holds the clone's commit, the run's test.json figures and a translation, and the
+    page's marked block is the record's table."""
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# x\n<!-- quickstart.py table: begin -->\nold\n<!-- quickstart.py table: end -->\nend\n"
+    )
+    record = tmp_path / "quickstart.json"
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    _run(
+        sys.executable, "-m", "benchmarks.quickstart", "--smoke", "--out", str(tmp_path / "q"),
+        "--record", str(record), "--readme", str(readme), timeout=600,
+    )  # fmt: skip
+    entry = json.loads(record.read_text())["default"]
+    assert entry["commit"] == head and entry["steps"] == 4 and entry["test_sentences"] == 8
+    assert 0 <= entry["test_bleu"] <= 100 and entry["example"]["translation"]
+    from benchmarks.quickstart import BEGIN, END, load_record, table
+
+    text = readme.read_text()
+    assert text.split(BEGIN)[1].split(END)[0].strip() == table(load_record(record))
+    assert text.startswith("# x\n") and text.endswith("\nend\n")
