@@ -79,6 +79,7 @@ def run(out: Path, overrides: list[str], smoke: bool) -> dict[str, Any]:
     the record's entry."""
     clone, log = out / "seq2seq", out / "quickstart.log"
     out.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0]  # what else ran: the times (not a step-exact score) depend on it
     _timed(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], out, log)
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True, check=True
@@ -112,7 +113,7 @@ def run(out: Path, overrides: list[str], smoke: bool) -> dict[str, Any]:
     keep = ("steps", "test_bleu", "test_chrf", "bleu_signature", "chrf_signature")
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "load_average_start": load},
         "commit": commit,
         "command": shlex.join(["seq2seq-train", "--config", CONFIG, *overrides]),
         "install_seconds": round(install, 1),
@@ -135,7 +136,8 @@ def table(record: dict[str, dict[str, Any]]) -> str:
     for r in record.values():
         m = r["machine"]
         rows.append(
-            f"| `{r['command']}` | {r['date']}, {m['cpu']} ({m['cores']} cores), "
+            f"| `{r['command']}` | {r['date']}, {m['cpu']} ({m['cores']} cores, load "
+            f"{m['load_average_start']:.1f} at the start), "
             f"`{r['commit'][:7]}` | {r['steps']:,} | **{r['test_bleu']:.2f} / "
             f"{r['test_chrf']:.2f}** ({r['test_sentences']:,} sentences) | "
             f"install {r['install_seconds'] / 60:.1f} min, training "
