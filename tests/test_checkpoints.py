@@ -1,5 +1,7 @@
 """Checkpoints: save → restore equality, mismatch errors, no pickle."""
 
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
@@ -92,12 +94,14 @@ def test_restore_of_a_missing_step_names_the_available_ones(tmp_path):
     ck.close()
 
 
-# Saves step 4, then starts the save of step 8 with the test hook that holds it open; the test
-# kills the process there, as a crash mid-save would.
+# Saves step 4, then starts the save of step 8 with the hanging item of tests/hang_save.py that
+# holds it open; the test kills the process there, as a crash mid-save would.
 _SAVE_THEN_HANG = """
 import sys
 import jax.numpy as jnp
+from hang_save import hang_at
 from seq2seq.training.checkpoints import Checkpointer
+hang_at(8)
 state = {"w": jnp.arange(6.0).reshape(2, 3), "step": jnp.asarray(4)}
 ck = Checkpointer(sys.argv[1], async_save=False)
 ck.save(4, state, {"step": 4})
@@ -110,14 +114,15 @@ def test_a_save_killed_midway_is_discarded_and_named(tmp_path):
     import sys
     import time
 
+    from hang_save import HANG_MARKER
     from tiny_run import ROOT, cli_env
 
-    from seq2seq.training.checkpoints import HANG_MARKER, HANG_SAVE_ENV, incomplete_steps
+    from seq2seq.training.checkpoints import incomplete_steps
 
     directory = tmp_path / "ck"
     proc = subprocess.Popen(
         [sys.executable, "-c", _SAVE_THEN_HANG, str(directory)],
-        env=cli_env(**{HANG_SAVE_ENV: "8"}),
+        env=cli_env(PYTHONPATH=f"{ROOT}:{Path(__file__).parent}"),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
