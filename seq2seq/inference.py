@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from seq2seq import trained, translation
+from seq2seq import evaluation, trained, translation
 from seq2seq.config import Config, DecodeConfig, MeshConfig, check_position_limits, replace
 from seq2seq.data.pipeline import MIN_DECODE_SOURCE_LEN, decode_source_limit
 from seq2seq.data.tokenizer import TokenizerPair
@@ -133,6 +133,13 @@ class Opened:
             partitioner=partitioner or partitioner_for(self.config),
         )
 
+    def decoding(self, **options: Any) -> evaluation.Decoding:
+        """The model as ``evaluation.evaluate`` decodes a system: its config, a ``translator``
+        (``options``: ``translator``'s) and its search as reports name it."""
+        return evaluation.Decoding(
+            self.config, self.translator(**options), self.strategy.describe()
+        )
+
 
 def open_run(
     chosen: Sequence[Member],
@@ -168,3 +175,23 @@ def open_run(
         trained.check_same_decode(chosen, [replace(c.decode, **changes) for c in configs])
     decode = replace(configs[0].decode, **changes)
     return Opened(tuple(configs), tokenizer, graphdef, params, decode)
+
+
+def decoder(
+    workdir: str | Path,
+    step: int | None = None,
+    *,
+    decode_changes: Mapping[str, Any] | None = None,
+    name: str | None = None,
+) -> evaluation.Decoder:
+    """The run ``workdir`` at ``step`` (None: its default checkpoint) as a system of
+    ``evaluation.evaluate``, opened (``open_run``) when its turn comes and named ``name``
+    (default ``DIR`` or ``DIR@STEP``, as ``seq2seq-evaluate`` names it).
+
+    ``decoder("runs/x", decode_changes={"search": "mbr"})`` is ``seq2seq-evaluate --workdir
+    runs/x --search mbr`` without the files: ``evaluate(refs, sources=src, decoders=[...])``.
+    """
+    label = name or (str(workdir) if step is None else f"{workdir}@{step}")
+    return evaluation.Decoder(
+        label, lambda: open_run([(workdir, step)], decode_changes=decode_changes).decoding()
+    )

@@ -9,7 +9,7 @@ import tomllib
 import pytest
 from tiny_run import ROOT
 
-PATHS = ["seq2seq", "benchmarks", "tools", "tests"]
+PATHS = ["seq2seq", "benchmarks", "tools", "examples", "tests"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
