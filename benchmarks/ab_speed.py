@@ -12,6 +12,10 @@ ratio B / A, with the date and machine.
 Usage::
 
     python -m benchmarks.ab_speed --a /path/to/old/checkout --b . --rounds 3 --steps 20
+    python -m benchmarks.ab_speed --a . --b . --rounds 1 --steps 1 --smoke   # seconds
+
+``--smoke`` passes the benchmark's ``--smoke`` (its preset shrunk to a tiny model on a corpus
+subset): it checks that the script works, not the speed.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ def _medians(node) -> list[float]:
     return []
 
 
-def step_time(checkout: Path, steps: int, warmup: int, cache: Path) -> float:
-    """Median seconds per train step of ``checkout``'s benchmark of the preset."""
+def step_time(checkout: Path, steps: int, warmup: int, cache: Path, smoke: bool = False) -> float:
+    """Median seconds per train step of ``checkout``'s benchmark of the preset (of its tiny
+    version with ``smoke``)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         moved = (checkout / "benchmarks" / "benchmark.py").exists()
@@ -62,6 +67,7 @@ def step_time(checkout: Path, steps: int, warmup: int, cache: Path) -> float:
             str(cache),
             "--out",
             str(out),
+            *(["--smoke"] if smoke else []),
         ]
         env = {**os.environ, "PYTHONPATH": str(checkout)}
         subprocess.run(cmd, cwd=checkout, env=env, check=True, capture_output=True)
@@ -76,13 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help="the benchmark's tiny preset (a check)")
     a = p.parse_args(argv)
     times: dict[str, list[float]] = {"A": [], "B": []}
     with tempfile.TemporaryDirectory() as caches:
         for r in range(a.rounds):
             for name, checkout in (("A", a.a), ("B", a.b)):
                 cache = Path(caches) / name  # each checkout keeps its own token cache
-                t = step_time(checkout.resolve(), a.steps, a.warmup, cache)
+                t = step_time(checkout.resolve(), a.steps, a.warmup, cache, a.smoke)
                 times[name].append(t)
                 print(f"round {r + 1} {name}: {t:.3f} s/step", file=sys.stderr, flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}

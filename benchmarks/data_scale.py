@@ -27,8 +27,12 @@ Usage::
 
     python -m benchmarks.data_scale --pairs 1000000 --out /tmp/scale
     python -m benchmarks.data_scale --pairs 4500000 --out /tmp/scale --processes 4
+    python -m benchmarks.data_scale --smoke --out /tmp/scale   # seconds: checks the script
 
-Prints a JSON record and writes ``<out>/data_scale_<pairs>[_<K>p].json``.
+Prints a JSON record and writes ``<out>/data_scale_<pairs>[_<K>p].json``. ``--smoke`` trains
+the preset's recipe on a tiny model and vocabulary (``SMOKE``) without a step limit (the runs
+end by the SIGTERM), on 400 single pairs unless ``--pairs``/``--join`` say otherwise, and
+reads ``--loader-batches`` 20 batches: it checks that the script works, not the scale.
 """
 
 from __future__ import annotations
@@ -49,6 +53,16 @@ from benchmarks.harness import SHIPPED, build_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("read_seconds", "tokenizer_seconds", "tokenize_seconds", "token_cache_seconds")
+SMOKE = [
+    "tokenizer.vocab_size=200",
+    "model.d_model=16",
+    "model.num_heads=2",
+    "model.d_ff=32",
+    "model.num_encoder_layers=1",
+    "model.num_decoder_layers=1",
+    "data.max_tokens=256",
+    "train.steps=1000000",  # stopped by the SIGTERM after the first step, never by the count
+]
 
 
 def _free_port() -> int:
@@ -208,16 +222,25 @@ def loader_speed(workdir: Path, batches: int = 200) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, default=100_000)
-    parser.add_argument("--join", type=int, default=4, help="shipped pairs per line")
+    parser.add_argument("--pairs", type=int, default=None, help="lines (default 100,000)")
+    parser.add_argument("--join", type=int, default=None, help="shipped pairs per line (default 4)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--config", default=str(ROOT / "configs" / "tatoeba_en_es.yaml"))
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument(
         "--processes", type=int, default=1, help="local processes (jax.distributed), 1 CPU each"
     )
+    parser.add_argument(
+        "--loader-batches", type=int, default=None, help="batches the loader reads (200)"
+    )
+    parser.add_argument("--smoke", action="store_true", help="a tiny model and corpus (a check)")
     parser.add_argument("overrides", nargs="*", help="more seq2seq-train overrides")
     args = parser.parse_args(argv)
+    defaults = dict(pairs=(400 if args.smoke else 100_000), join=(1 if args.smoke else 4))
+    defaults["loader_batches"] = 20 if args.smoke else 200
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     prefix = build_corpus(args.pairs, args.join, args.out / "corpus")
     k = args.processes
     tag = f"{args.pairs}" + (f"_{k}p" if k > 1 else "")
@@ -247,9 +270,11 @@ def main(argv: list[str] | None = None) -> int:
             if k > 1
             else []
         ),
+        *(SMOKE if args.smoke else []),
         *args.overrides,
     ]
     record = {
+        "smoke": args.smoke,
         "pairs": args.pairs,
         "processes": k,
         "join": args.join,
@@ -260,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     record["first_run"] = run_to_first_step(command, workdir, 0, args.timeout, k)
     steps = [json.loads(x)["step"] for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     record["resume"] = run_to_first_step(command, workdir, max(steps), args.timeout, k)
-    record["loader"] = loader_speed(workdir)
+    record["loader"] = loader_speed(workdir, args.loader_batches)
     print(json.dumps(record, indent=1))
     (args.out / f"data_scale_{tag}.json").write_text(json.dumps(record, indent=1))
     return 0

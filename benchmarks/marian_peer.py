@@ -17,8 +17,12 @@
    (``forced_eos_token_id``: that EOS scores log-probability 0, docs/import.md).
 
 ``--reuse`` decodes the checkpoint an earlier run of the script saved in ``OUT/hf``.
+``--smoke`` shrinks it to a check of the script (seconds): a 1,000-piece vocabulary and a tiny
+Marian model (``SMOKE``: d_model 16, 1+1 layers) trained for 2 seconds on the first 2,000
+training pairs, 4 test sentences (``--seconds``/``--limit`` still apply).
 
-Needs the ``compare`` extra (torch, transformers). Not run in CI (minutes of training).
+Needs the ``compare`` extra (torch, transformers). Not run in CI at full size (minutes of
+training); tests/test_benchmarks_smoke.py runs ``--smoke``.
 """
 
 from __future__ import annotations
@@ -31,17 +35,26 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The preset's sizes, and the tiny model of --smoke.
+SIZES = dict(d_model=256, layers=3, heads=4, ffn=1024, vocab=8000, pairs=0)
+SMOKE = dict(d_model=16, layers=1, heads=2, ffn=32, vocab=1000, pairs=2000)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/marian_peer", help="checkpoint, run and result")
-    p.add_argument("--seconds", type=float, default=300.0, help="peer training time")
-    p.add_argument("--limit", type=int, default=500, help="test sentences compared")
+    p.add_argument("--seconds", type=float, default=None, help="peer training time (300)")
+    p.add_argument("--limit", type=int, default=None, help="test sentences compared (500)")
     p.add_argument("--alpha", type=float, default=1.0, help="length-penalty exponent")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reuse", action="store_true", help="decode the checkpoint in OUT/hf")
+    p.add_argument("--smoke", action="store_true", help="a tiny vocabulary and model (a check)")
     a = p.parse_args(argv)
+    if a.seconds is None:
+        a.seconds = 2.0 if a.smoke else 300.0
+    if a.limit is None:
+        a.limit = 4 if a.smoke else 500
+    size = SMOKE if a.smoke else SIZES
 
     import sentencepiece as spm
     import torch
@@ -62,11 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         trained = json.loads((hf_dir / "training.json").read_text(encoding="utf-8"))
         return compare(a, model, hf_dir, out, data, pad, trained)
     train_src, train_tgt = read_lines(data / "train.en"), read_lines(data / "train.es")
+    if size["pairs"]:
+        train_src, train_tgt = train_src[: size["pairs"]], train_tgt[: size["pairs"]]
     blob = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(train_src + train_tgt),
         model_writer=blob,
-        vocab_size=8000,
+        vocab_size=size["vocab"],
         input_sentence_size=200_000,
         shuffle_input_sentence=True,
         unk_id=0,
@@ -95,13 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     train = list(zip(encode(train_src), encode(train_tgt)))
     config = transformers.MarianConfig(
         vocab_size=len(vocab),
-        d_model=256,
-        encoder_layers=3,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=1024,
-        decoder_ffn_dim=1024,
+        d_model=size["d_model"],
+        encoder_layers=size["layers"],
+        decoder_layers=size["layers"],
+        encoder_attention_heads=size["heads"],
+        decoder_attention_heads=size["heads"],
+        encoder_ffn_dim=size["ffn"],
+        decoder_ffn_dim=size["ffn"],
         activation_function="swish",
         dropout=RECIPE["dropout"],
         max_position_embeddings=512,
