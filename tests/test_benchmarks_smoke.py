@@ -284,3 +284,13 @@ def test_mbr_vs_beam_scores_each_system_on_the_test_split(tmp_path):
         for name in SYSTEMS:
             line = next(x for x in block.splitlines() if name in x)
             assert 0 <= float(line.split(name)[1].split()[0]) <= 100
+
+
+def test_readme_results_table_is_the_quickstart_record():
+    """The README's results table is what ``python -m benchmarks.quickstart --table-only``
+    writes from docs/data/quickstart.json (so no figure there lacks its record)."""
+    from benchmarks.quickstart import BEGIN, END, README, RECORD, load_record, table
+
+    text = README.read_text(encoding="utf-8")
+    assert RECORD.is_file() and BEGIN in text and END in text
+    assert text.split(BEGIN)[1].split(END)[0].strip() == table(load_record())
