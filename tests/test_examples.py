@@ -12,20 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_run import DATA, ROOT, cli_env, random_run, write_corpus
+from tiny_run import DATA, ROOT, TINY_MODEL, cli_env, random_run, write_corpus
 
 EXAMPLES = ROOT / "examples"
 TOPICS = ("back_translation", "distillation", "lora", "mbr", "import_opus_mt")
 # a ~20k-parameter model, a few steps (overrides of configs/back_translation.yaml)
 TINY = [
-    "data.max_len=32",
-    "data.max_tokens=256",
-    "tokenizer.vocab_size=200",
-    "model.d_model=16",
-    "model.num_heads=2",
-    "model.d_ff=32",
-    "model.num_encoder_layers=1",
-    "model.num_decoder_layers=1",
+    *TINY_MODEL,
     "train.steps=6",
     "train.warmup_steps=2",
     "train.eval_every=3",

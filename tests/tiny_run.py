@@ -38,6 +38,19 @@ def write_corpus(directory: Path, train: int = 400, dev: int = 16, test: int = 6
     return out
 
 
+# a ~20k-parameter model and its batches: the sizes every tiny run shares
+TINY_MODEL = (
+    "data.max_len=32",
+    "data.max_tokens=256",
+    "tokenizer.vocab_size=200",
+    "model.d_model=16",
+    "model.num_heads=2",
+    "model.d_ff=32",
+    "model.num_encoder_layers=1",
+    "model.num_decoder_layers=1",
+)
+
+
 def tiny_overrides(corpus: dict[str, str], workdir: Path, *extra: str) -> list[str]:
     """Overrides for a ~20k-parameter model on ``corpus`` (later ``extra`` keys win)."""
     return [
@@ -45,14 +58,7 @@ def tiny_overrides(corpus: dict[str, str], workdir: Path, *extra: str) -> list[s
         f"data.train.path={corpus['train']}",
         f"data.dev.path={corpus['dev']}",
         f"data.test.path={corpus['test']}",
-        "data.max_len=32",
-        "data.max_tokens=256",
-        "tokenizer.vocab_size=200",
-        "model.d_model=16",
-        "model.num_heads=2",
-        "model.d_ff=32",
-        "model.num_encoder_layers=1",
-        "model.num_decoder_layers=1",
+        *TINY_MODEL,
         "model.dropout_rate=0.1",
         "train.warmup_steps=4",
         "train.log_every=2",
