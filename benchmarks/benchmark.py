@@ -64,9 +64,11 @@ from benchmarks.harness import (
     child_env,
     jsonable,
     machine_info,
+    micro_batch,
     peak_rss,
     proc_status,
     run_experiment,
+    train_step,
 )
 from benchmarks.presets import (
     FIXED,
@@ -84,7 +86,6 @@ from seq2seq.decoding import greedy_search_jit
 from seq2seq.model import build_model
 from seq2seq.model.attention import MultiHeadAttention, dot_product_attention, segment_mask
 from seq2seq.resolve import resolve
-from seq2seq.training.step import create_train_state, make_optimizer, make_train_step
 from seq2seq.translation import Translator, bucket_length
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -692,23 +693,10 @@ class Bench(FixedBench):
             data = self.prepared()
             config = self.config()
             batches = [data.train.batch_at(k) for k in range(a.warmup + a.steps)]
-            model = build_model(config.model, config.train.seed)
-            tx = make_optimizer(config.train)
-            graphdef, state = create_train_state(model, tx, config.train.seed)
-            del model
-            train_step = jax.jit(
-                make_train_step(
-                    graphdef,
-                    tx,
-                    bos_id=data.tokenizer.bos_id,
-                    label_smoothing=config.train.label_smoothing,
-                ),
-                donate_argnums=0,
-            )
+            context, state = train_step(config.model, config.train, data.tokenizer.bos_id)
             setup = rss_now()
             for batch in batches:
-                batch = {k: jnp.asarray(v) for k, v in batch.items()}
-                state, metrics = train_step(state, batch)
+                state, metrics = context.step(state, micro_batch(batch))
             jax.block_until_ready((state, metrics))
             what = f"{a.warmup + a.steps} training steps of the preset on the real corpus"
         else:

@@ -1,4 +1,5 @@
-"""What the experiments share: the machine's description, peak RSS, a ``python -m seq2seq``
+"""What the experiments share: the machine's description, peak RSS, the training loop's step
+for a model and train config, a ``python -m seq2seq``
 command run with a log, another experiment run as a command, a marked table written into a
 docs page, figures made JSON-ready, the package versions, the lines of a (gzipped) corpus file
 and a synthetic corpus of joined shipped pairs.
@@ -9,6 +10,7 @@ functions that need them.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import importlib
 import math
@@ -127,6 +129,36 @@ def peak_rss() -> int:
         return hwm
     scale = 1 if sys.platform == "darwin" else 1024
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale)
+
+
+# -- the train step -------------------------------------------------------------------------------
+
+
+def train_step(model: Any, train: Any, bos_id: int | None = None) -> tuple[Any, Any]:
+    """``(context, state)``: the train step ``seq2seq-train`` compiles for a run of ``model``
+    and ``train`` (``seq2seq.config.ModelConfig``, ``TrainConfig``) on this process's first
+    device (``seq2seq.training.context.train_context``: the same jit, donation and schedule),
+    and a fresh ``TrainState`` from ``train.seed``. ``bos_id``: the target tokenizer's (default
+    ``seq2seq.data.tokenizer.BOS_ID``). Call ``context.step(state, batch)`` with
+    int32 ``[1, rows, length]`` arrays (one micro-batch; ``micro_batch``)."""
+    from seq2seq.config import Config
+    from seq2seq.data.tokenizer import BOS_ID
+    from seq2seq.sharding import Partitioner
+    from seq2seq.training.context import train_context
+
+    # the schedule's horizon fixed at train.steps (with train.time_budget the loop passes it
+    # to the step at run time; the figures here do not depend on it)
+    config = Config(model=model, train=dataclasses.replace(train, time_budget=0))
+    context = train_context(config, Partitioner.single_device(), bos_id=bos_id or BOS_ID)
+    return context, context.fresh_state()
+
+
+def micro_batch(batch: dict[str, Any]) -> dict[str, Any]:
+    """``[rows, length]`` arrays as the step's one micro-batch ``[1, rows, length]`` (jax
+    arrays)."""
+    import jax.numpy as jnp
+
+    return {k: jnp.asarray(v)[None] for k, v in batch.items()}
 
 
 # -- commands and pages ---------------------------------------------------------------------------

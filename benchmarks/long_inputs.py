@@ -41,18 +41,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks import harness
 from benchmarks.harness import child_env, peak_rss
 from seq2seq.config import ModelConfig, TrainConfig, load_config, replace
-from seq2seq.model import build_model
 from seq2seq.model.attention import MultiHeadAttention, SegmentMask
 from seq2seq.model.positions import PositionBias, alibi_bias
 from seq2seq.resolve import resolve
-from seq2seq.training.step import create_train_state, make_optimizer, make_train_step
+from seq2seq.training.step import TrainState
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
 D_MODEL, HEADS = 256, 4
-BOS = 2
 
 
 def say(*parts: Any) -> None:
@@ -116,22 +115,33 @@ def step_program(attention: str, n: int, q_block: int, kv_block: int, rows: int 
         attention_kv_block=kv_block,
         dropout_rate=0.0,
     )
-    model = build_model(m, seed=0)
-    tx = make_optimizer(TrainConfig(learning_rate=1e-3, warmup_steps=10))
-    graphdef, state = create_train_state(model, tx, 0)
-    step = jax.jit(make_train_step(graphdef, tx, bos_id=BOS, label_smoothing=0.1))
+    train = TrainConfig(learning_rate=1e-3, warmup_steps=10, label_smoothing=0.1, seed=0)
+    context, state = harness.train_step(m, train)
     seg = np.tile(_segments(n), (rows, 1))
     pos = np.tile(_positions(_segments(n)), (rows, 1))
     tokens = np.random.default_rng(0).integers(4, m.vocab_size, (rows, n)).astype(np.int32)
     tokens = np.where(seg > 0, tokens, 0)
-    batch = {
-        k: jnp.asarray(v)
-        for k, v in dict(
+    batch = harness.micro_batch(
+        dict(
             src=tokens, src_segments=seg, src_positions=pos,
             tgt=tokens, tgt_segments=seg, tgt_positions=pos,
-        ).items()
-    }  # fmt: skip
-    return step, (state, batch)
+        )
+    )  # fmt: skip
+    return context.step, (state, batch)
+
+
+def repeated(fn, args):
+    """A callable running ``fn(*args)`` once per call until done: a train step (which
+    donates its state) continues from the state its last call returned."""
+    args = list(args)
+
+    def call() -> None:
+        out = fn(*args)
+        if isinstance(out, tuple) and isinstance(out[0], TrainState):
+            args[0] = out[0]
+        jax.block_until_ready(out)
+
+    return call
 
 
 def _abstract(args):
@@ -156,12 +166,12 @@ def compiled_memory(kind: str, attention: str, n: int, q_block: int, kv_block: i
 def run_child(kind: str, attention: str, n: int, q_block: int, kv_block: int, repeats: int):
     """Runs in a fresh process: compile, one warm-up call, ``repeats`` timed calls."""
     make = layer_program if kind == "layer" else step_program
-    fn, args = make(attention, n, q_block, kv_block)
-    jax.block_until_ready(fn(*args))
+    call = repeated(*make(attention, n, q_block, kv_block))
+    call()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
+        call()
         times.append(time.perf_counter() - t)
     return {
         "seconds_median": statistics.median(times),
@@ -330,16 +340,16 @@ def speed(args) -> dict:
     rows, n = config.data.max_tokens // config.data.max_len, config.data.max_len
     m = config.model
     programs = {
-        a: step_program(a, n, m.attention_q_block, m.attention_kv_block, rows=rows)
+        a: repeated(*step_program(a, n, m.attention_q_block, m.attention_kv_block, rows=rows))
         for a in ("dense", "chunked")
     }
     times: dict[str, list[float]] = {"dense": [], "chunked": []}
-    for fn, fargs in programs.values():
-        jax.block_until_ready(fn(*fargs))  # compile + warm up
+    for call in programs.values():
+        call()  # compile + warm up
     for _ in range(args.speed):
-        for a, (fn, fargs) in programs.items():
+        for a, call in programs.items():
             t = time.perf_counter()
-            jax.block_until_ready(fn(*fargs))
+            call()
             times[a].append(time.perf_counter() - t)
     out: dict[str, Any] = {a: statistics.median(t) for a, t in times.items()}
     out["chunked_over_dense"] = out["chunked"] / out["dense"]

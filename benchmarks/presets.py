@@ -20,12 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks import harness
 from seq2seq.config import ModelConfig, TrainConfig
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.decoding import beam_search_jit, greedy_search_jit
 from seq2seq.model import build_model
 from seq2seq.model.flops import matmul_params, train_flops_breakdown
-from seq2seq.training.step import create_train_state, make_optimizer, make_train_step
 
 FIRST_TOKEN = max(PAD_ID, UNK_ID, BOS_ID, EOS_ID) + 1  # random tokens are never special ids
 
@@ -320,18 +320,12 @@ class FixedBench:
         real_target_tokens: list[int],
         bos_id: int = BOS_ID,
     ) -> dict[str, Any]:
-        """Compile and time ``seq2seq.training.step.make_train_step`` on ``batches``."""
+        """Compile and time the training loop's step (``harness.train_step``) on ``batches``."""
         a = self.args
-        model = build_model(model_cfg, train_cfg.seed)
-        tx = make_optimizer(train_cfg)
-        graphdef, state = create_train_state(model, tx, train_cfg.seed)
-        del model
+        context, state = harness.train_step(model_cfg, train_cfg, bos_id)
         n_params = int(sum(x.size for x in jax.tree.leaves(state.params)))
-        train_step = jax.jit(
-            make_train_step(graphdef, tx, bos_id=bos_id, label_smoothing=train_cfg.label_smoothing),
-            donate_argnums=0,
-        )
-        device_batches = [{k: jnp.asarray(v) for k, v in b.items()} for b in batches]
+        train_step = context.step
+        device_batches = [harness.micro_batch(b) for b in batches]
         cache_before = jit_cache_size(train_step)
 
         count0, _ = self.events.snapshot()

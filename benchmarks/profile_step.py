@@ -7,7 +7,8 @@ clipping and the AdamW update), for the fixed ``tiny`` and ``base`` presets of
 Each side is timed in three nested programs, alternating between the sides call by call:
 forward (loss only), forward + backward (the gradients), and the whole training step; the
 phases are their differences (medians over ``--calls``). Ours: ``jax.jit`` of the loss
-(``seq2seq.training.step._forward``), of its ``jax.grad`` and of ``make_train_step``.
+(``seq2seq.training.step._forward``), of its ``jax.grad``, and the training loop's step
+(``seq2seq.training.context.train_context``).
 PyTorch: the model's forward and cross-entropy with autograd on, then ``backward()``, then
 ``clip_grad_norm_`` and ``AdamW.step()``, as ``benchmarks/compare.py`` trains it.
 
@@ -31,42 +32,40 @@ from pathlib import Path
 
 import jax
 
+from benchmarks import harness
 from benchmarks.harness import machine_info
 from benchmarks.peers import Marian
 from benchmarks.presets import FIXED, fixed_batches
 from seq2seq.config import ModelConfig, TrainConfig
 from seq2seq.data.tokenizer import BOS_ID
-from seq2seq.model import build_model
-from seq2seq.training.step import (
-    _forward,
-    create_train_state,
-    make_optimizer,
-    make_train_step,
-)
+from seq2seq.training.step import _forward
 
 PHASES = ("forward", "backward", "clip + AdamW")
 
 
 def ours(model_cfg: ModelConfig, train_cfg: TrainConfig, batch: dict):
-    """Three callables over one batch: loss, gradients, whole step (each blocks until done)."""
-    model = build_model(model_cfg, train_cfg.seed)
-    tx = make_optimizer(train_cfg)
-    graphdef, state = create_train_state(model, tx, train_cfg.seed)
+    """Three callables over one batch: loss, gradients, whole step (each blocks until done).
+    The step is the training loop's (``harness.train_step``: its state donated, so each call
+    continues from the last one's state); the loss and gradients read the current weights."""
+    context, state = harness.train_step(model_cfg, train_cfg)
+    holder = {"state": state}
     key = jax.random.key(0)
+    micro = harness.micro_batch(batch)
     batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
 
     def loss(params, batch, key):
-        return _forward(params, graphdef, batch, BOS_ID, train_cfg.label_smoothing, key)[0]
+        return _forward(params, context.graphdef, batch, BOS_ID, train_cfg.label_smoothing, key)[0]
 
     forward, backward = jax.jit(loss), jax.jit(jax.grad(loss))
-    step = jax.jit(
-        make_train_step(graphdef, tx, bos_id=BOS_ID, label_smoothing=train_cfg.label_smoothing)
-    )
-    params = state.params
+
+    def step():
+        holder["state"], metrics = context.step(holder["state"], micro)
+        jax.block_until_ready(metrics)
+
     return (
-        lambda: jax.block_until_ready(forward(params, batch, key)),
-        lambda: jax.block_until_ready(backward(params, batch, key)),
-        lambda: jax.block_until_ready(step(state, batch)),
+        lambda: jax.block_until_ready(forward(holder["state"].params, batch, key)),
+        lambda: jax.block_until_ready(backward(holder["state"].params, batch, key)),
+        step,
     )
 
 

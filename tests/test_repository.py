@@ -6,7 +6,8 @@
 * no experiment of ``benchmarks/`` imports another: an experiment imports the ``seq2seq``
   package and the shared modules (``SHARED``), and those import no experiment;
 * no import cycle among the repository's modules (``seq2seq``, ``benchmarks``, ``tools``, the
-  tests), counting every import that runs (inside functions too, not under ``TYPE_CHECKING``).
+  tests), counting every import that runs (inside functions too, not under ``TYPE_CHECKING``);
+* outside the package, no train step assembled by hand (``train_context`` builds it).
 
 A failure names the file and line of each offending statement.
 """
@@ -179,4 +180,31 @@ def test_no_import_cycle():
     text = [" → ".join(f"{i.target} ({i.where()})" for i in c) for c in cycles]
     assert not cycles, "import cycles (each: the module imported, from file:line):\n" + "\n".join(
         text
+    )
+
+
+# the pieces of a train step that only seq2seq.training.context assembles into one
+STEP_PARTS = {"create_train_state", "make_optimizer", "make_train_step", "sharded_train_step"}
+
+
+def test_benchmarks_tools_and_examples_take_the_training_loops_step():
+    """Outside the package, a train step comes from ``train_context`` (``harness.train_step``
+    in the benchmarks): nothing assembles model, optimizer and step by hand, so what a
+    benchmark times is what ``seq2seq-train`` runs."""
+    files = [p for d in ("benchmarks", "tools", "examples") for p in (ROOT / d).rglob("*.py")]
+    assert any(p.name == "presets.py" for p in files)
+    found = []
+    for path in files:
+        for node in ast.walk(parse(path)):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.Attribute):
+                names = [node.attr]
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno} ({n})" for n in names if n in STEP_PARTS
+            ]
+    assert not found, (
+        "a train step assembled by hand (use seq2seq.training.context.train_context, or "
+        "benchmarks.harness.train_step): " + ", ".join(found)
     )

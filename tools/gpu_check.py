@@ -46,10 +46,10 @@ from benchmarks.harness import SHIPPED, build_corpus
 from seq2seq import plan
 from seq2seq.config import load_config, replace
 from seq2seq.data.batching import PackedBatches
-from seq2seq.model import build_model
 from seq2seq.model.attention import SegmentMask, dot_product_attention
 from seq2seq.model.flops import train_flops_per_step
-from seq2seq.training.step import create_train_state, make_optimizer, make_train_step
+from seq2seq.sharding import Partitioner
+from seq2seq.training.context import train_context
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,14 +89,12 @@ def bench(preset: str, steps: int, dry: bool, peak: float) -> dict[str, Any]:
     if dry:
         model_cfg = replace(model_cfg, vocab_size=200, **DRY_MODEL)
         rows, length = 2, 32
-    model = build_model(model_cfg, 0)
-    tx = make_optimizer(config.train)
-    graphdef, state = create_train_state(model, tx, 0)
-    del model
-    step = jax.jit(
-        make_train_step(graphdef, tx, bos_id=2, label_smoothing=config.train.label_smoothing),
-        donate_argnums=0,
+    # the training loop's step (seq2seq.training.context), from seed 0
+    context = train_context(
+        replace(config, model=model_cfg, **{"train.seed": 0, "train.time_budget": 0}),
+        Partitioner.single_device(),
     )
+    state, step = context.fresh_state(), context.step
     rng = np.random.default_rng(0)
     ones = np.ones((rows, length), np.int32)
     host = {
@@ -107,10 +105,11 @@ def bench(preset: str, steps: int, dry: bool, peak: float) -> dict[str, Any]:
         "src_positions": np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)),
         "tgt_positions": np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)),
     }
-    batch = {k: jnp.asarray(v) for k, v in host.items()}
+    batch = {k: jnp.asarray(v)[None] for k, v in host.items()}  # one micro-batch
     # the planner's figures for this very program on this device (seq2seq-plan's reading of
     # a compiled step), to print next to what the device measures
-    figures = plan.compile_lowered(step.lower(state, batch), config)
+    lowered = step.lower(state, batch)  # type: ignore[attr-defined]
+    figures = plan.compile_lowered(lowered, config)
     times = []
     for i in range(steps + 2):
         t = time.perf_counter()

@@ -102,13 +102,13 @@ def random_run(workdir: str, config: str = "configs/tatoeba_en_es.yaml") -> None
     its SentencePiece model trained on the first 20,000 training pairs: a server to measure
     in seconds instead of the preset's 16-minute training. Its outputs run to the length
     limit (a·|x| + b), the slowest case of the search. Needs this checkout's package."""
-    from seq2seq.config import load_config, save_config
+    from seq2seq.config import load_config, replace, save_config
     from seq2seq.data.sources import read_lines
     from seq2seq.data.tokenizer import train_or_load
-    from seq2seq.model import build_model
     from seq2seq.resolve import resolve
+    from seq2seq.sharding import Partitioner
     from seq2seq.training.checkpoints import Checkpointer
-    from seq2seq.training.step import create_train_state, make_optimizer
+    from seq2seq.training.context import train_context
     from seq2seq.workdir import checkpoint_dir, config_path
 
     data = Path(__file__).resolve().parents[1] / "data" / "tatoeba-en-es"
@@ -121,7 +121,9 @@ def random_run(workdir: str, config: str = "configs/tatoeba_en_es.yaml") -> None
     # resolved: the batch size and steps a trained run would have saved
     run = resolve(config, [f"workdir={workdir}", f"model.vocab_size={vocab}"]).config
     save_config(run, config_path(Path(workdir)))
-    _, state = create_train_state(build_model(run.model, 0), make_optimizer(run.train), 0)
+    # a new run's state, as seq2seq-train initialises it (train.seed 0)
+    context = train_context(replace(run, **{"train.seed": 0}), Partitioner.single_device())
+    state = context.fresh_state()
     ck = Checkpointer(checkpoint_dir(Path(workdir)), keep=None, async_save=False)
     try:
         ck.save(1, state, {"step": 1})

@@ -27,7 +27,14 @@ from seq2seq.data.batching import FIELDS, batch_rows
 from seq2seq.data.tokenizer import BOS_ID
 from seq2seq.sharding import Partitioner
 from seq2seq.training.init_from import Parent
-from seq2seq.training.step import TrainSpec, TrainState, sharded_train_step, train_spec
+from seq2seq.training.step import (
+    TrainSpec,
+    TrainState,
+    build_train_model,
+    create_train_state,
+    sharded_train_step,
+    train_spec,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +93,18 @@ class TrainContext:
         """The step lowered for the mesh's devices (``jax.stages.Lowered``; ``.compile()``
         compiles it, for a compile-only target too)."""
         return self.step.lower(*self.abstract_args())  # type: ignore[attr-defined]
+
+    def fresh_state(self) -> TrainState:
+        """A new run's ``TrainState``: the model (with its LoRA adapters) initialised from
+        ``train.seed``, the optimizer's state and, with ``train.ema_decay``, the EMA; each
+        device creates only its shards (``Partitioner.init_state``)."""
+        t = self.config.train
+
+        def init() -> TrainState:
+            model = build_train_model(self.config)
+            return create_train_state(model, self.tx, t.seed, ema=t.ema_decay > 0)[1]
+
+        return self.partitioner.init_state(init, self.abstract)
 
 
 def train_context(

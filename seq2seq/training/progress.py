@@ -16,7 +16,6 @@ from seq2seq.training.checkpoints import Checkpointer
 from seq2seq.training.context import TrainContext
 from seq2seq.training.early_stopping import BestTracker
 from seq2seq.training.init_from import init_from_parent
-from seq2seq.training.step import build_train_model, create_train_state
 
 
 class TrainingDiverged(RuntimeError):
@@ -121,17 +120,10 @@ def load_or_init(context: TrainContext, checkpointer: Checkpointer) -> tuple[Any
     from a random init; the abstract state and optimizer are the context's."""
     config, partitioner, abstract = context.config, context.partitioner, context.abstract
     if checkpointer.latest_step() is None:
-        t = config.train
         if context.parent is not None:
             state, offset = init_from_parent(config, context.parent, partitioner, context.spec)
             return state, None, offset
-        state = partitioner.init_state(
-            lambda: create_train_state(
-                build_train_model(config), context.tx, t.seed, ema=t.ema_decay > 0
-            )[1],
-            abstract,
-        )
-        return state, None, 0
+        return context.fresh_state(), None, 0
     state, meta = checkpointer.restore(partitioner.abstract(abstract))
     return state, meta, 0
 
