@@ -489,6 +489,8 @@ STAGES = {
     "reverse": "reverse model (es→en)",
     "synthetic": "score the synthetic sources against the withheld English",
     "test": "test: paired comparison",
+    "baseline_long": "baseline continued to the forward models' steps (en→es)",
+    "test_long": "test: paired comparison against the continued baseline",
     "teacher": "teacher (the preset's width)",
     "distill": "teacher translates the training sources",
     "distilled": "score the teacher's targets against the original ones",
@@ -565,6 +567,10 @@ def plan(
         for m in c["methods"]:
             train(f"forward_{m}", "probe_student", forward)
         add("test", None, evaluate)
+        # the control for the forward models' total updates: the baseline's further steps
+        more = (forward[0] - steps[0], forward[1] - steps[1])
+        train("baseline_long", "probe_student", more)
+        add("test_long", None, evaluate)
     else:
         teacher = probes["probe_teacher"]
         train("teacher", "probe_teacher", early)
@@ -733,6 +739,42 @@ def back_translation(args: argparse.Namespace, record: Record, s: Sizes) -> None
         "labels": labels,
         "report": report,
         "table": record.data["stages"]["test"]["output"],
+    }
+    record.save()
+
+    # The control for the forward models' 1 + r times more updates: the baseline continued on
+    # the real pairs to their step count, without early stopping. It resumes from a copy of the
+    # baseline's run (its last checkpoint, the data position and the best dev score with it);
+    # the rate falls as the inverse square root of the step whatever train.steps is, so this is
+    # the run a baseline of that many steps would have made (exact resume, tests/test_resume.py).
+    long = out / "baseline_long"
+    if not long.exists():
+        partial = long.with_name(f"{long.name}.copying")
+        shutil.rmtree(partial, ignore_errors=True)
+        skip = shutil.ignore_patterns("test.json", "test.hyp", "summary.md")
+        shutil.copytree(out / "baseline", partial, ignore=skip)
+        os.replace(partial, long)
+    run = train(
+        "baseline_long",
+        [_real_pairs(data), *s.student, *args.set, f"train.steps={steps}", "train.patience=0"],
+    )
+    if run["steps"] != steps:
+        raise SystemExit(f"baseline_long: {run['steps']} steps, not the forward models' {steps}")
+    hyps = [
+        a
+        for r in ("baseline_long", *record.data["arms"])
+        for a in ("--hyp", _rel(out / r / "test.hyp"))
+    ]
+    report = record.evaluate(
+        "test_long",
+        ["evaluate", "--ref", _rel(data / "test.es"), *hyps],
+        out / "test_long.json",
+        EVALUATE_SECONDS,
+    )
+    record.data["test_long"] = {
+        "labels": [f"baseline continued to {steps:,} steps (real pairs only)", *labels[1:]],
+        "report": report,
+        "table": record.data["stages"]["test_long"]["output"],
     }
     record.save()
 
@@ -992,24 +1034,68 @@ def _stages(record: dict) -> list[str]:
     return lines
 
 
-def _scores(record: dict) -> list[str]:
+def _scores(record: dict, key: str = "test", title: str = "Test scores") -> list[str]:
+    """A section with the paired test ``record[key]``: sacreBLEU's table and its reading."""
     return [
-        "## Test scores",
+        f"## {title}",
         "",
         "Paired tests against the first row (sacreBLEU; `seq2seq-evaluate --hyp ... --hyp ...` "
         "or `--compare`); 95% confidence intervals from bootstrap resampling.",
         "",
         "```",
-        record["test"]["table"].rstrip(),
+        record[key]["table"].rstrip(),
         "```",
         "",
-        *summary(record["test"]),
+        *summary(record[key]),
     ]
 
 
 def _arm_label(arm: str) -> str:
     """``forward, <the method's label>`` for run ``forward_<method>``."""
     return f"forward, {METHODS[arm.removeprefix('forward_')].label}"
+
+
+def _after_best(run: dict) -> int:
+    """Dev evaluations after a run's best one, none of them better."""
+    steps = [step for step, _ in run["dev_bleu"]]
+    return len(steps) - 1 - steps.index(run["best_step"])
+
+
+def _bt_result(record: dict) -> list[str]:
+    """The page's reading of its two paired tests: what more updates alone gave the baseline,
+    and what back-translation gave over the baseline with the forward models' updates."""
+    runs, test = record["runs"], record["test"]
+    long = runs.get("baseline_long")
+    if long is None or "test_long" not in record:
+        return []
+    base, arms = runs["baseline"], record["arms"]
+    steps = runs[arms[0]]["steps"]
+    systems = record["test_long"]["report"]["systems"]
+    gains = [
+        f"{METHODS[a.removeprefix('forward_')].label} {s['BLEU']['score']:.2f} "
+        f"({s['BLEU']['score'] - systems[0]['BLEU']['score']:+.2f} BLEU, p = "
+        f"{s['BLEU']['p_ar']:.4f}; chrF {s['chrF']['score'] - systems[0]['chrF']['score']:+.2f}, "
+        f"p = {s['chrF']['p_ar']:.4f})"
+        for a, s in zip(arms, systems[1:])
+    ]
+    first = test["report"]["systems"][0]["BLEU"]["score"]
+    return [
+        "## Result",
+        "",
+        f"- more updates alone: the baseline, stopped at step {base['steps']:,} "
+        f"({'early stopping' if base['status'] == 'early_stopping' else 'its cap'}; best dev "
+        f"BLEU {base['best_dev_bleu']:.2f} at {base['best_step']:,}, {_after_best(base)} "
+        f"evaluations after it none better), scores {first:.2f} test BLEU; continued on the "
+        f"real pairs to the forward models' {steps:,} steps it scores {long['test_bleu']:.2f} "
+        f"({long['test_bleu'] - first:+.2f}), its best dev BLEU {long['best_dev_bleu']:.2f} at "
+        f"step {long['best_step']:,}, {_after_best(long)} evaluations after it none better. "
+        f"The baseline's stopping rule (patience {_value(record['conditions'], 'train.patience')}"
+        ") had not found its plateau, so the first table below overstates what "
+        "back-translation adds; the second is the comparison at equal updates.",
+        "- back-translation against that baseline (the same updates, the same tokenizer, the "
+        "same model): " + "; ".join(gains) + ".",
+        "",
+    ]
 
 
 def bt_page(record: dict, doc: Path, record_path: Path, curves: Path) -> str:
@@ -1019,6 +1105,7 @@ def bt_page(record: dict, doc: Path, record_path: Path, curves: Path) -> str:
     arms = record["arms"]
     steps = runs[arms[0]]["steps"]
     lines = _header(record, "Back-translation on the shipped corpus", doc, record_path)
+    lines += _bt_result(record)
     lines += [
         "## Conditions",
         "",
@@ -1041,13 +1128,26 @@ def bt_page(record: dict, doc: Path, record_path: Path, curves: Path) -> str:
         + ", from the reverse model's best checkpoint.",
         "",
         *_scores(record),
+    ]
+    long = runs.get("baseline_long")
+    if long and "test_long" in record:
+        lines += [
+            *_scores(record, "test_long", "Against the baseline at equal total updates"),
+            f"The forward models make {c['ratio'] + 1:g} times the baseline's updates. The "
+            f"baseline continued on the real pairs alone to their {steps:,} steps, without "
+            "early stopping (it resumed from its own last checkpoint; at a given step the rate "
+            "is the same whatever the run's length), is the control for that: the gain above "
+            "over the early-stopped baseline is the technique's only where it holds here too.",
+            "",
+        ]
+    rows = [("baseline (en→es)", base, True), ("reverse model (es→en)", rev, True)]
+    rows += [(_arm_label(a), runs[a], False) for a in arms]
+    if long:
+        rows.append(("baseline, continued (en→es)", long, False))
+    lines += [
         "## What the runs measured",
         "",
-        *_runs_table(
-            [("baseline (en→es)", base, True), ("reverse model (es→en)", rev, True)]
-            + [(_arm_label(a), runs[a], False) for a in arms],
-            exposure=True,
-        ),
+        *_runs_table(rows, exposure=True),
         f"- the reverse model (es→en): best dev BLEU {rev['best_dev_bleu']:.2f} (greedy, step "
         f"{rev['best_step']:,}), test BLEU {rev['test_bleu']:.2f}, chrF {rev['test_chrf']:.2f} "
         "(beam search): the quality of the synthetic sources is bounded by it.",
@@ -1233,6 +1333,8 @@ def main(argv: list[str] | None = None) -> int:
         page, real_axis = bt_page, True
         runs = [("baseline", "baseline"), ("reverse", "reverse model (es→en)")]
         runs += [(arm, _arm_label(arm)) for arm in record.data.get("arms", [])]
+        if "baseline_long" in record.data["runs"]:
+            runs.append(("baseline_long", "baseline, continued"))
     else:
         bt = _bt_record(args, local)
         conditions.update(

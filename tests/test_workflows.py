@@ -73,6 +73,8 @@ def test_the_plan_counts_finished_stages_and_times_the_others_from_the_probes():
         "forward_topk10",
         "forward_beam",
         "test",
+        "baseline_long",
+        "test_long",
     ]
     baseline, reverse = by_key["baseline"], by_key["reverse"]
     assert baseline.done and baseline.steps == (1001, 1001) and baseline.seconds == (123.0,) * 2
@@ -81,6 +83,7 @@ def test_the_plan_counts_finished_stages_and_times_the_others_from_the_probes():
     for m in ("topk10", "beam"):
         assert by_key[f"forward_{m}"].steps == (2600, 2600)  # 1002 × 2.5 = 2505, up to 2600
         assert by_key[f"translate_{m}"].seconds == (pytest.approx(20 + 1000 * 0.01),) * 2
+    assert by_key["baseline_long"].steps == (2600 - 1001, 2600 - 1001)  # to the forward steps
 
 
 def test_a_record_continues_only_under_its_own_conditions(tmp_path):
@@ -169,6 +172,19 @@ def test_both_recipes_run_through_the_real_commands(tmp_path):
     for label, system in zip(record["test"]["labels"][1:], report["systems"][1:]):
         delta = system["BLEU"]["score"] - report["systems"][0]["BLEU"]["score"]
         assert f"- {label}: BLEU {system['BLEU']['score']:.2f} ({delta:+.2f}, p = " in page
+    # the control at equal total updates: the baseline continued to the forward models' steps
+    # from its own last checkpoint (its first part of the dev curve is the baseline's, once)
+    long, base = record["runs"]["baseline_long"], record["runs"]["baseline"]
+    assert long["steps"] == record["runs"][f"forward_{methods[0]}"]["steps"] > base["steps"]
+    assert long["dev_bleu"][: len(base["dev_bleu"])] == base["dev_bleu"]
+    evaluated = [step for step, _ in long["dev_bleu"]]
+    assert evaluated == sorted(set(evaluated)) and evaluated[-1] == long["steps"]
+    report = json.loads((bt / "test_long.json").read_text(encoding="utf-8"))
+    assert [s["name"] for s in report["systems"]] == [
+        workflows._rel(bt / "baseline_long" / "test.hyp"),
+        *names[1:],
+    ]
+    assert "## Against the baseline at equal total updates" in page
     reverse = json.loads((bt / "reverse" / "test.json").read_text(encoding="utf-8"))
     assert f"BLEU {reverse['test_bleu']:.2f}" in page  # the reverse model's own test score
     assert (bt / "back_translation_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
