@@ -35,7 +35,10 @@ The design, for both recipes (``configs/back_translation.yaml`` holds the shared
    each result is scored against the withheld English, with its copy rate and length ratio;
 5. one forward model per method, on the real pairs plus that method's tagged synthetic pairs;
 6. the baseline and the forward models scored on the test split in one paired test
-   (``seq2seq-evaluate --hyp ... --hyp ...``: paired bootstrap and approximate randomization).
+   (``seq2seq-evaluate --hyp ... --hyp ...``: paired bootstrap and approximate randomization);
+7. the control for the forward models' total updates: the baseline continued from its last
+   checkpoint on the real pairs to their steps, without early stopping, and a second paired
+   test against it.
 
 ``distillation`` (Kim & Rush 2016, sequence-level), after ``back-translation``:
 
@@ -43,8 +46,9 @@ The design, for both recipes (``configs/back_translation.yaml`` holds the shared
 2. the teacher translates the pairs' sources with its beam search (scored against the
    original targets);
 3. the student (the back-translation baseline's size) on the teacher's targets; the student on
-   the original targets is the back-translation baseline itself (the same size, data,
-   tokenizer and stopping rule), not trained again;
+   the original targets is back-translation's continued baseline (step 7; the baseline where
+   that stage did not run), not trained again. The teacher and the distilled student train
+   its steps, without early stopping, the best checkpoint tested, as it did;
 4. the three scored on the test split, with their decoding speed (``--compare``).
 
 Resumable: after each stage the record (``docs/data/<recipe>.json``; ``<out>/<recipe>.json``
@@ -573,6 +577,8 @@ def plan(
         add("test_long", None, evaluate)
     else:
         teacher = probes["probe_teacher"]
+        if "steps" in c:  # the student on the original targets' steps
+            early = (c["steps"], c["steps"])
         train("teacher", "probe_teacher", early)
         t = decode_seconds(teacher, c["pairs"])
         add("distill", None, (t, t))
@@ -783,7 +789,8 @@ def distillation(args: argparse.Namespace, record: Record, s: Sizes, bt: dict) -
     """The distillation stages (see the module docstring) on the data, tokenizer, probes and
     baseline of the back-translation record ``bt``, each skipped when done."""
     out, c = Path(args.out), record.data["conditions"]
-    data, baseline = _path(bt["conditions"]["data"]), _path(bt["runs"]["baseline"]["workdir"])
+    original = bt["runs"][c["student_original"]]
+    data, baseline = _path(bt["conditions"]["data"]), _path(original["workdir"])
     probes = bt["probes"]
     show_plan(
         record,
@@ -798,9 +805,11 @@ def distillation(args: argparse.Namespace, record: Record, s: Sizes, bt: dict) -
         command = _train(workdir, data, extra)
         return record.train(key, workdir, command, estimate(record, probes, s, key))
 
-    pin = f"tokenizer.model_file={_rel(baseline / 'spm.model')}"
-    early = [pin, f"train.steps={s.cap}", *s.student]
-    train("teacher", [_real_pairs(data), *early, *s.teacher, *args.set])
+    pin = f"tokenizer.model_file={_rel(_path(bt['runs']['baseline']['workdir']) / 'spm.model')}"
+    # the student on the original targets' budget: its steps, no early stopping, the best
+    # checkpoint by dev BLEU tested (back-translation's baseline stopped early before its plateau)
+    budget = [pin, f"train.steps={c['steps']}", "train.patience=0", *s.student]
+    train("teacher", [_real_pairs(data), *budget, *s.teacher, *args.set])
     teacher, distilled = out / "teacher", out / "data" / "distilled"
     targets = Path(f"{distilled}.es")
     targets.parent.mkdir(parents=True, exist_ok=True)
@@ -835,8 +844,8 @@ def distillation(args: argparse.Namespace, record: Record, s: Sizes, bt: dict) -
         "chrf": report["chrF"]["score"],
     }
     path = json.dumps(_rel(distilled))
-    train("student_distilled", [f"data.train=[{{path: {path}}}]", *early, *args.set])
-    record.data["runs"]["student_original"] = bt["runs"]["baseline"]
+    train("student_distilled", [f"data.train=[{{path: {path}}}]", *budget, *args.set])
+    record.data["runs"]["student_original"] = original
     student = out / "student_distilled"
     models = [a for w in (baseline, student, teacher) for a in ("--workdir", _rel(w))]
     report = record.evaluate(
@@ -997,12 +1006,19 @@ def _training_conditions(record: dict, run: dict, runs: list[dict]) -> list[str]
         f"{v('tokenizer.vocab_size')} pieces, trained on both sides of the real pairs with "
         "`<BT>` a user-defined symbol) is the `tokenizer.model_file` of every other run: "
         f"{len(hashes)} distinct model file(s) among the {len(runs)} runs (sha256 in the table).",
-        f"- trained to the dev plateau: dev BLEU (greedy, all {c['dev_lines']:,} dev pairs) every "
-        f"{c['eval_every']} steps, stopped after {v('train.patience')} evaluations without a "
-        f"better one (at most {c['cap']:,} steps), the best checkpoint tested; the learning "
-        f"rate {v('train.learning_rate')} after {v('train.warmup_steps')} warmup steps, then "
-        "falling as the inverse square root of the step (the same rate at a given step in "
-        "every run, however long it trains).",
+        (
+            f"- trained {c['steps']:,} steps (no early stopping): dev BLEU (greedy, all "
+            f"{c['dev_lines']:,} dev pairs) every {c['eval_every']} steps, the best checkpoint "
+            "tested"
+            if "steps" in c
+            else f"- trained to the dev plateau: dev BLEU (greedy, all {c['dev_lines']:,} dev "
+            f"pairs) every {c['eval_every']} steps, stopped after {v('train.patience')} "
+            f"evaluations without a better one (at most {c['cap']:,} steps), the best checkpoint "
+            "tested"
+        )
+        + f"; the learning rate {v('train.learning_rate')} after {v('train.warmup_steps')} "
+        "warmup steps, then falling as the inverse square root of the step (the same rate at a "
+        "given step in every run, however long it trains).",
     ]
 
 
@@ -1189,11 +1205,13 @@ def distillation_page(record: dict, doc: Path, record_path: Path, curves: Path) 
         f"split ({c['test_lines']:,} pairs; its record: `{c['bt_record']}`).",
         *_training_conditions(record, student, list(runs.values())),
         f"- the teacher: the same file with {', '.join(f'`{o}`' for o in c['teacher'])} (the "
-        f"preset's width; {runs['teacher']['parameters']:,} parameters), to its dev plateau.",
-        "- the student on the original targets is the back-translation baseline "
-        f"(`{student['workdir']}`: the same size, data, tokenizer and stopping rule), not "
-        "trained again; the student on the teacher's targets trains with the same settings on "
-        "the teacher's beam-search translations of the training sources, to its own plateau.",
+        f"preset's width; {runs['teacher']['parameters']:,} parameters).",
+        f"- every model here trains {c['steps']:,} steps without early stopping, the best "
+        "checkpoint by dev BLEU tested (the runs table gives each one's best step). The "
+        "student on the original targets is a run of the back-translation experiment "
+        f"(`{student['workdir']}`: the same size, data and tokenizer), not trained again; the "
+        "student on the teacher's targets trains with the same settings on the teacher's "
+        "beam-search translations of the training sources.",
         f"- the teacher's targets against the original ones: BLEU {d['bleu']:.2f}, chrF "
         f"{d['chrf']:.2f}; {d['length_ratio']:.2f} words per original word, "
         f"{d['copy_rate']:.1%} identical.",
@@ -1203,9 +1221,9 @@ def distillation_page(record: dict, doc: Path, record_path: Path, curves: Path) 
         "",
         *_runs_table(
             [
-                ("student, original targets", student, True),
-                ("student, distilled targets", runs["student_distilled"], True),
-                ("teacher", runs["teacher"], True),
+                ("student, original targets", student, False),
+                ("student, distilled targets", runs["student_distilled"], False),
+                ("teacher", runs["teacher"], False),
             ],
             exposure=False,
         ),
@@ -1337,7 +1355,13 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(("baseline_long", "baseline, continued"))
     else:
         bt = _bt_record(args, local)
+        # the student on the original targets: back-translation's baseline at the forward
+        # models' updates where that stage ran (the early-stopped one had not reached its
+        # plateau), else its baseline; the teacher and the distilled student get its steps
+        original = "baseline_long" if "baseline_long" in bt["runs"] else "baseline"
         conditions.update(
+            student_original=original,
+            steps=bt["runs"][original]["steps"],
             bt_out=_rel(Path(args.bt_out)),
             bt_record=bt["path"],
             pairs=bt["conditions"]["pairs"],

@@ -204,4 +204,9 @@ def test_both_recipes_run_through_the_real_commands(tmp_path):
     page = (distill / "distillation.md").read_text(encoding="utf-8")
     assert "sentences/s" in page and "× teacher" in page
     record = json.loads((distill / "distillation.json").read_text(encoding="utf-8"))
-    assert record["runs"]["student_original"]["workdir"] == workflows._rel(bt / "baseline")
+    # the student on the original targets: the continued baseline, whose steps every
+    # distillation run trains, none early-stopped
+    assert record["runs"]["student_original"]["workdir"] == workflows._rel(bt / "baseline_long")
+    steps = record["runs"]["student_original"]["steps"]
+    for key in ("teacher", "student_distilled"):
+        assert record["runs"][key]["steps"] == steps, key
