@@ -49,17 +49,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks.harness import SHIPPED, build_corpus
+from benchmarks.harness import SHIPPED, TINY_SIZES, build_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("read_seconds", "tokenizer_seconds", "tokenize_seconds", "token_cache_seconds")
 SMOKE = [
-    "tokenizer.vocab_size=200",
-    "model.d_model=16",
-    "model.num_heads=2",
-    "model.d_ff=32",
-    "model.num_encoder_layers=1",
-    "model.num_decoder_layers=1",
+    *TINY_SIZES,
     "data.max_tokens=256",
     "train.steps=1000000",  # stopped by the SIGTERM after the first step, never by the count
 ]

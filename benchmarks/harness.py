@@ -25,6 +25,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "data" / "tatoeba-en-es"
+# a ~20k-parameter model (with its 200-piece vocabulary): the sizes of every tiny run, the
+# experiments' smoke modes and the tests' runs
+TINY_SIZES = (
+    "tokenizer.vocab_size=200",
+    "model.d_model=16",
+    "model.num_heads=2",
+    "model.d_ff=32",
+    "model.num_encoder_layers=1",
+    "model.num_decoder_layers=1",
+)
 
 
 # -- the machine ----------------------------------------------------------------------------------
@@ -149,7 +159,8 @@ def train_step(model: Any, train: Any, bos_id: int | None = None) -> tuple[Any, 
     # the schedule's horizon fixed at train.steps (with train.time_budget the loop passes it
     # to the step at run time; the figures here do not depend on it)
     config = Config(model=model, train=dataclasses.replace(train, time_budget=0))
-    context = train_context(config, Partitioner.single_device(), bos_id=bos_id or BOS_ID)
+    bos = BOS_ID if bos_id is None else bos_id
+    context = train_context(config, Partitioner.single_device(), bos_id=bos)
     return context, context.fresh_state()
 
 

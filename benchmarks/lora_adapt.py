@@ -37,17 +37,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.harness import cpu_name, run_command
+from benchmarks.harness import TINY_SIZES, cpu_name, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "data" / "tatoeba-en-es"
 TINY = [
-    "tokenizer.vocab_size=200",
-    "model.d_model=16",
-    "model.num_heads=2",
-    "model.d_ff=32",
-    "model.num_encoder_layers=1",
-    "model.num_decoder_layers=1",
+    *TINY_SIZES,
     "model.dropout_rate=0.1",
     "data.max_len=32",
     "data.max_tokens=256",

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from tiny_run import ROOT, cli_env, shipped_pairs, write_hub_dataset, xla_flags
 
+from benchmarks.harness import TINY_SIZES
 from seq2seq.config import load_config
 from seq2seq.data import recipe
 
@@ -83,14 +84,7 @@ TRAIN_PAIRS = 300
 # decoded (dev BLEU, test) falls in the translator's smallest length bucket, so each search
 # compiles once.
 SHORT_CHARS, DEV_PAIRS, TEST_PAIRS = 14, 8, 8
-SMALL = [
-    "tokenizer.vocab_size=200",
-    "model.d_model=16",
-    "model.num_heads=2",
-    "model.d_ff=32",
-    "model.num_encoder_layers=1",
-    "model.num_decoder_layers=1",
-]
+SMALL = TINY_SIZES  # the data sizes stay the config's own
 SHORT = [
     "train.steps=1",
     "train.eval_every=1",

@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from benchmarks.harness import TINY_SIZES
 from seq2seq.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,17 +39,9 @@ def write_corpus(directory: Path, train: int = 400, dev: int = 16, test: int = 6
     return out
 
 
-# a ~20k-parameter model and its batches: the sizes every tiny run shares
-TINY_MODEL = (
-    "data.max_len=32",
-    "data.max_tokens=256",
-    "tokenizer.vocab_size=200",
-    "model.d_model=16",
-    "model.num_heads=2",
-    "model.d_ff=32",
-    "model.num_encoder_layers=1",
-    "model.num_decoder_layers=1",
-)
+# a ~20k-parameter model (benchmarks.harness.TINY_SIZES) and its batches: the sizes every
+# tiny run shares
+TINY_MODEL = ("data.max_len=32", "data.max_tokens=256", *TINY_SIZES)
 
 
 def tiny_overrides(corpus: dict[str, str], workdir: Path, *extra: str) -> list[str]:
