@@ -1352,7 +1352,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [("baseline", "baseline"), ("reverse", "reverse model (es→en)")]
         runs += [(arm, _arm_label(arm)) for arm in record.data.get("arms", [])]
         if "baseline_long" in record.data["runs"]:
-            runs.append(("baseline_long", "baseline, continued"))
+            runs.append(("baseline_long", "baseline, continued from its last checkpoint"))
     else:
         bt = _bt_record(args, local)
         # the student on the original targets: back-translation's baseline at the forward
@@ -1379,7 +1379,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         return 0
     curves = doc.with_name(f"{stem}_curves.png")
-    plot_curves([(label, record.data["runs"][k]) for k, label in runs], curves, real_axis)
+    plotted = {k: record.data["runs"][k] for k, _ in runs}
+    if args.recipe == "back-translation" and "baseline_long" in plotted:
+        # the continuation alone: its first points are the baseline's, which it would hide
+        start = plotted["baseline"]["steps"]
+        long = plotted["baseline_long"]
+        points = [p for p in long["dev_bleu"] if p[0] >= start]
+        plotted["baseline_long"] = {**long, "dev_bleu": points}
+    plot_curves([(label, plotted[k]) for k, label in runs], curves, real_axis)
     text = page(record.data, doc, record_path, curves)
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text, encoding="utf-8")
