@@ -524,13 +524,20 @@ class Planned:
 
 
 def plan(
-    kind: str, conditions: dict, record: dict, probes: dict, s: Sizes, expect: int
+    kind: str,
+    conditions: dict,
+    record: dict,
+    probes: dict,
+    s: Sizes,
+    expect: int,
+    steps: tuple[int, int] | None = None,
 ) -> list[Planned]:
     """The stages of ``kind`` (``back-translation`` or ``distillation``) under ``conditions``
     with their planned steps and seconds; a stage finished in ``record`` (its ``stages`` and
     ``runs``) counts with its measured seconds, a finished baseline fixes the forward models'
     steps. The early-stopped runs are expected to stop at ``expect`` steps, at most at
-    ``s.cap``."""
+    ``s.cap``. Distillation's teacher and student train the ``steps`` (expected, at most) of
+    back-translation's continued baseline, or its ``conditions["steps"]`` once it ran."""
     c, test = conditions, conditions["test_lines"]
     stages, runs = record.get("stages", {}), record.get("runs", {})
     rows: list[Planned] = []
@@ -579,6 +586,8 @@ def plan(
         teacher = probes["probe_teacher"]
         if "steps" in c:  # the student on the original targets' steps
             early = (c["steps"], c["steps"])
+        elif steps is not None:
+            early = steps
         train("teacher", "probe_teacher", early)
         t = decode_seconds(teacher, c["pairs"])
         add("distill", None, (t, t))
@@ -650,16 +659,12 @@ def back_translation(args: argparse.Namespace, record: Record, s: Sizes) -> None
         "probe_teacher": probe(record, "probe_teacher", [*s.student, *s.teacher], data, out, s),
     }
     nothing: dict = {}
+    rows = plan(args.recipe, c, record.data, probes, s, args.expect_steps)
+    # distillation trains the continued baseline's steps: the forward models'
+    forward = next(r.steps for r in rows if r.key.startswith("forward_"))
+    next_rows = plan("distillation", c, nothing, probes, s, args.expect_steps, forward)
     show_plan(
-        record,
-        [
-            ("back-translation", plan(args.recipe, c, record.data, probes, s, args.expect_steps)),
-            (
-                "distillation (the next command)",
-                plan("distillation", c, nothing, probes, s, args.expect_steps),
-            ),
-        ],
-        probes,
+        record, [("back-translation", rows), ("distillation (the next command)", next_rows)], probes
     )
     if args.plan:
         return

@@ -84,6 +84,12 @@ def test_the_plan_counts_finished_stages_and_times_the_others_from_the_probes():
         assert by_key[f"forward_{m}"].steps == (2600, 2600)  # 1002 × 2.5 = 2505, up to 2600
         assert by_key[f"translate_{m}"].seconds == (pytest.approx(20 + 1000 * 0.01),) * 2
     assert by_key["baseline_long"].steps == (2600 - 1001, 2600 - 1001)  # to the forward steps
+    # distillation, planned during back-translation: teacher and student at those steps
+    probes["probe_teacher"] = probes["probe_student"]
+    conditions["pairs"] = 400
+    later = workflows.plan("distillation", conditions, {}, probes, sizes, 2000, (2600, 2600))
+    trained = {r.key: r.steps for r in later if r.key in ("teacher", "student_distilled")}
+    assert trained == {"teacher": (2600, 2600), "student_distilled": (2600, 2600)}
 
 
 def test_a_record_continues_only_under_its_own_conditions(tmp_path):
