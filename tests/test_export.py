@@ -276,7 +276,7 @@ def test_export_ctranslate2_directory_translates_on_its_own(spm_dir, tmp_path, c
         # close; on the 2-core Xeon (AMX/VNNI int8 kernels) this random model's pairs differ
         # by 0.27-0.29 nats per token on average and by up to 1.2 at one token
         assert 1e-5 < mean < 0.5 and error < 2.0, (error, mean)
-    assert main(["export", *argv, "--checkpoint", "8"]) == 2
+    assert main(["export", *argv, "--step", "8"]) == 2
     assert "8" in capsys.readouterr().err
 
 

@@ -27,9 +27,12 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         help=f"format ({', '.join(FORMATS)}) and the new output directory",
     )
     parser.add_argument(
+        "--step",
         "--checkpoint",
+        dest="step",
         type=_nonnegative_int,
-        help="checkpoint step (default: the one the run's test score used)",
+        help="checkpoint step, as in the other commands (default: the one the run's test score "
+        "used); --checkpoint is the same",
     )
     parser.add_argument(
         "--quantization",
@@ -49,7 +52,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
             args.workdir,
             to,
             out,
-            step=args.checkpoint,
+            step=args.step,
             quantization=args.quantization,
             overwrite=args.overwrite,
         )
