@@ -998,6 +998,15 @@ def _training_conditions(record: dict, run: dict, runs: list[dict]) -> list[str]
     v = lambda key: _value(c, key)  # noqa: E731
     size = f" with {', '.join(f'`{o}`' for o in c['size'])}" if c["size"] else ""
     hashes = {r["spm_sha256"] for r in runs}
+    evals = f"dev BLEU (greedy, all {c['dev_lines']:,} dev pairs) every {c['eval_every']} steps"
+    if "steps" in c:  # distillation: every model the same steps
+        stopping = f"- trained {c['steps']:,} steps (no early stopping): {evals}"
+    else:
+        stopping = (
+            f"- trained to the dev plateau: {evals}, stopped after {v('train.patience')} "
+            f"evaluations without a better one (at most {c['cap']:,} steps)"
+        )
+    stopping += ", the best checkpoint tested"
     return [
         f"- models: [`configs/back_translation.yaml`](../configs/back_translation.yaml){size}: "
         f"d_model {v('model.d_model')}, {v('model.num_heads')} heads, "
@@ -1011,19 +1020,9 @@ def _training_conditions(record: dict, run: dict, runs: list[dict]) -> list[str]
         f"{v('tokenizer.vocab_size')} pieces, trained on both sides of the real pairs with "
         "`<BT>` a user-defined symbol) is the `tokenizer.model_file` of every other run: "
         f"{len(hashes)} distinct model file(s) among the {len(runs)} runs (sha256 in the table).",
-        (
-            f"- trained {c['steps']:,} steps (no early stopping): dev BLEU (greedy, all "
-            f"{c['dev_lines']:,} dev pairs) every {c['eval_every']} steps, the best checkpoint "
-            "tested"
-            if "steps" in c
-            else f"- trained to the dev plateau: dev BLEU (greedy, all {c['dev_lines']:,} dev "
-            f"pairs) every {c['eval_every']} steps, stopped after {v('train.patience')} "
-            f"evaluations without a better one (at most {c['cap']:,} steps), the best checkpoint "
-            "tested"
-        )
-        + f"; the learning rate {v('train.learning_rate')} after {v('train.warmup_steps')} "
-        "warmup steps, then falling as the inverse square root of the step (the same rate at a "
-        "given step in every run, however long it trains).",
+        f"{stopping}; the learning rate {v('train.learning_rate')} after "
+        f"{v('train.warmup_steps')} warmup steps, then falling as the inverse square root of the "
+        "step (the same rate at a given step in every run, however long it trains).",
     ]
 
 
