@@ -1197,11 +1197,42 @@ def bt_page(record: dict, doc: Path, record_path: Path, curves: Path) -> str:
     return "\n".join(lines)
 
 
+def _distill_result(record: dict) -> list[str]:
+    """The page's reading of its paired test: what the teacher's targets gave the student, as a
+    share of the teacher's lead, and how far those targets are from the original ones."""
+    c, d = record["conditions"], record["distilled"]
+    systems = record["test"]["report"]["systems"]
+    original, distilled, teacher = (s["BLEU"]["score"] for s in systems)
+    lead, gain, p = teacher - original, distilled - original, systems[1]["BLEU"]["p_ar"]
+    share = f", {gain / lead:.0%} of the teacher's lead of {lead:.2f}" if lead > 0 else ""
+    reading = (
+        " Sequence-level distillation (Kim and Rush 2016) replaces each target with the "
+        "teacher's beam output; a teacher that reproduces most of its training targets changes "
+        "few of them, so this measures the method where it has little to act on, not on a "
+        "corpus large enough that the teacher's outputs differ from the references."
+        if d["copy_rate"] >= 0.5
+        else ""
+    )
+    return [
+        "## Result",
+        "",
+        f"- the student on the teacher's targets scores {distilled:.2f} test BLEU against "
+        f"{original:.2f} on the original ones ({gain:+.2f}{share}; paired approximate "
+        f"randomization, p = {p:.4f}); the teacher scores {teacher:.2f}.",
+        f"- what the student saw: the teacher's translations of its own {c['pairs']:,} training "
+        f"sources (on which it trained {c['steps']:,} steps) score BLEU {d['bleu']:.2f} against "
+        f"the original targets; {1 - d['copy_rate']:.1%} of them differ from the original."
+        + reading,
+        "",
+    ]
+
+
 def distillation_page(record: dict, doc: Path, record_path: Path, curves: Path) -> str:
     """The distillation page, from its record."""
     c, runs, d = record["conditions"], record["runs"], record["distilled"]
     student = runs["student_original"]
     lines = _header(record, "Sequence-level distillation on the shipped corpus", doc, record_path)
+    lines += _distill_result(record)
     lines += [
         "## Conditions",
         "",

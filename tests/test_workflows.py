@@ -39,6 +39,28 @@ def test_summary_reads_deltas_p_values_and_speeds_from_the_report():
     assert not any("sentences/s" in line for line in workflows.summary(test))
 
 
+def test_the_distillation_result_reads_the_gain_as_a_share_of_the_teachers_lead():
+    def system(bleu, p=None):
+        return {"BLEU": {"score": bleu, "p_ar": p}}
+
+    record = {
+        "conditions": {"pairs": 20000, "steps": 10100},
+        "distilled": {"bleu": 92.4, "copy_rate": 0.831},
+        "test": {"report": {"systems": [system(31.0), system(32.5, 0.0123), system(35.0, 1e-4)]}},
+    }
+    text = "\n".join(workflows._distill_result(record))
+    # (32.5 - 31) / (35 - 31) = 38% of the teacher's 4.00 lead; 1 - 0.831 of the targets changed
+    assert (
+        "+1.50, 38% of the teacher's lead of 4.00; paired approximate randomization, p = "
+        "0.0123" in text
+    )
+    assert "16.9% of them differ" in text and "little to act on" in text
+    record["distilled"]["copy_rate"] = 0.3  # a teacher far from its training targets
+    record["test"]["report"]["systems"][2] = system(30.0)  # and below the student: no share
+    text = "\n".join(workflows._distill_result(record))
+    assert "little to act on" not in text and "teacher's lead" not in text
+
+
 @pytest.mark.parametrize("ratio", [0.5, 1.0, 1.5, 3.0])
 def test_forward_steps_give_at_least_the_baselines_updates_on_real_pairs(ratio):
     # the batches' corpora as the training run draws them (MixedBatches, weights 1 and r): the
