@@ -56,9 +56,12 @@ Budget: ours trains for ``--budget`` seconds (default: the config's ``train.time
 
 Records (``benchmarks/quality_records.py``): every finished training writes one JSON record under
 ``--records`` (``docs/data/quality/``) with its test translations and, for ours, its
-SentencePiece model; a rerun under the same settings skips it, so the comparison resumes across
-sessions and machines from the committed records (the run directories under ``--out`` are
-not needed again). The plan (the trainings, how many are recorded, the hours left) is printed
+SentencePiece model; a rerun under the same settings (``settings``: among them the sha256 of
+the config, of the recipe's rules and of the peers' recipe) skips it, so the comparison
+resumes across sessions and machines from the committed records (the run directories under
+``--out`` are not needed again). A record is written whole or not at all; a run of ours killed
+before its record starts again from nothing (a resumed run would not be a budgeted one); a
+training that fails is named and skipped, the others go on, and the exit status is 1. The plan (the trainings, how many are recorded, the hours left) is printed
 first. ``--from-records`` trains nothing.
 
 Table: generated from the records alone (``quality_records.build`` / ``markdown``): per proxy
@@ -84,6 +87,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -96,6 +100,7 @@ from benchmarks.peers import (
     ARCHS,
     INSTALL,
     PLAIN,
+    RECIPE,
     SCHEDULES,
     GridPoint,
     PeerSetup,
@@ -491,6 +496,9 @@ def run_ours(
         print(f"  skip {unit}: recorded", flush=True)
         return done
     workdir = args.out_dir / proxy / unit
+    if workdir.exists():  # killed before its record: a resumed run would not be a 780 s run
+        print(f"  {unit}: removing the unfinished run {workdir}", flush=True)
+        shutil.rmtree(workdir)
     summary = train_ours(args.config, data, workdir, ours_overrides(args, system, seed, dev_check))
     src, tgt = LANGS
     dev_hyps = ours_translate(
@@ -611,25 +619,41 @@ def second_stage(
     return [q for _, q in out]
 
 
+def attempt(args: argparse.Namespace, unit: Callable[..., Any], *a: Any) -> Any:
+    """``unit(args, *a)`` (one training and its record); a training that fails is reported,
+    kept in ``args.failed`` and skipped (None), so that one diverging run does not stop the
+    others."""
+    try:
+        return unit(args, *a)
+    except RuntimeError as e:
+        what = f"{a[0]} {a[2]} seed {a[3]}"  # proxy, system, seed
+        print(f"  FAILED {what}: {e}", flush=True)
+        args.failed.append(f"{what}: {str(e).splitlines()[0]}")
+        return None
+
+
 def run_proxy(args: argparse.Namespace, proxy: str, data: Path) -> None:
     """Every training of ``proxy`` that has no record yet, in order: ours (both norm
     placements, every seed), each peer's grid at the first seed (then the second stage's
     dropouts at the first stage's pick), then each peer's plain point and dev pick at the
-    other seeds. With ``--dev-check``, only those runs of ours."""
+    other seeds. With ``--dev-check``, only those runs of ours. A failed training is skipped
+    (``attempt``); what needs its record waits for a later run."""
     seeds = args.seed_list
     if args.dev_check:
         for seed in seeds:
-            run_ours(args, proxy, data, "ours-pre", seed, args.dev_check)
+            attempt(args, run_ours, proxy, data, "ours-pre", seed, args.dev_check)
         return
     for seed in seeds:
         for system in ("ours-pre", "ours-post"):
             if system in args.system_list:
-                run_ours(args, proxy, data, system, seed)
+                attempt(args, run_ours, proxy, data, system, seed)
     for system in ("peer-post", "peer-pre"):
         if system not in args.system_list:
             continue
         grid = peer_grid(args)
-        first = [run_peer(args, proxy, data, system, seeds[0], p, i) for i, p in enumerate(grid)]
+        first = [
+            attempt(args, run_peer, proxy, data, system, seeds[0], p, i) for i, p in enumerate(grid)
+        ]
         if any(r is None for r in first):
             continue
         ours = read_record(
@@ -639,7 +663,7 @@ def run_proxy(args: argparse.Namespace, proxy: str, data: Path) -> None:
         assert ours is not None  # the first stage ran
         stage = second_stage(args, dev_pick(first), ours["dropout"])  # type: ignore[arg-type]
         second = [
-            run_peer(args, proxy, data, system, seeds[0], p, len(grid) + i)
+            attempt(args, run_peer, proxy, data, system, seeds[0], p, len(grid) + i)
             for i, p in enumerate(stage)
         ]
         best = dev_pick([r for r in first + second if r is not None])
@@ -647,9 +671,9 @@ def run_proxy(args: argparse.Namespace, proxy: str, data: Path) -> None:
         picked = GridPoint(**best["point"])
         print(f"  {system}: dev pick {picked.name} (dev BLEU {best['dev']['bleu']:.2f})")
         for seed in seeds[1:]:
-            run_peer(args, proxy, data, system, seed, PLAIN, -1)
+            attempt(args, run_peer, proxy, data, system, seed, PLAIN, -1)
             if picked != PLAIN:
-                run_peer(args, proxy, data, system, seed, picked, -1)
+                attempt(args, run_peer, proxy, data, system, seed, picked, -1)
 
 
 def planned(args: argparse.Namespace, proxy: str) -> list[tuple[str, float]]:
@@ -922,14 +946,27 @@ def check(args: argparse.Namespace) -> None:
     args.settings = settings(args)
 
 
+def recipe_sha256(config: str) -> str:
+    """sha256 of what sets the runs' recipe beyond the options: the config file's bytes, the
+    rules that fill its recipe keys (``seq2seq/data/recipe.py``: the dropout rule, the batch)
+    and the peers' ``RECIPE``. A change to any of them makes a new set of records, never a
+    mix of old and new runs."""
+    h = hashlib.sha256()
+    for path in (Path(config), ROOT / "seq2seq" / "data" / "recipe.py"):
+        h.update((ROOT / path).read_bytes())
+    h.update(json.dumps(RECIPE, sort_keys=True).encode())
+    return h.hexdigest()
+
+
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """What a record depends on (a rerun must match to reuse it): the corpus (relative to
-    the repository when inside it), the config and ours' overrides, the budgets, the
-    carving."""
+    the repository when inside it), the config and ours' overrides, what sets the recipe
+    (``recipe_sha256``), the budgets, the carving."""
     corpus = Path(args.corpus).resolve()
     return {
         "corpus": str(corpus.relative_to(ROOT)) if corpus.is_relative_to(ROOT) else str(corpus),
         "config": args.config,
+        "recipe_sha256": recipe_sha256(args.config),
         "overrides": [*FLOAT32, *args.set, *args.budget_override],
         "budget_seconds": args.budget_seconds,
         "peer_seconds_at_least": args.peer_seconds_at_least,
@@ -975,7 +1012,7 @@ def runs_text(found: dict[str, dict[str, Any]]) -> str:
 def run(args: argparse.Namespace, machine: str) -> int:
     """The comparison (or with ``--from-records`` its table alone), its table written between
     ``DOCS_BEGIN`` and ``DOCS_END`` of ``--docs``. Returns the exit status: 2 for bad options,
-    input or records (the message on stderr)."""
+    input or records (the message on stderr), 1 when a training failed (each named)."""
     try:
         check(args)
         args.machine = machine
@@ -1013,6 +1050,7 @@ def run(args: argparse.Namespace, machine: str) -> int:
         if not args.from_records:
             args.out_dir.mkdir(parents=True, exist_ok=True)
             saved.write_text(json.dumps(mine, indent=1), encoding="utf-8")
+            args.failed = []
             for name in args.proxy_list:
                 print(f"proxy {name}", flush=True)
                 run_proxy(args, name, datas[name])
@@ -1064,7 +1102,9 @@ def run(args: argparse.Namespace, machine: str) -> int:
     if args.docs:
         write_docs(Path(args.docs), text, DOCS_BEGIN, DOCS_END)
         print(f"updated the quality table in {args.docs}")
-    return 0
+    for failure in getattr(args, "failed", []):
+        print(f"compare.py --quality: failed, not recorded: {failure}", file=sys.stderr)
+    return 1 if getattr(args, "failed", []) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -285,8 +285,9 @@ def _prenorm_class():
             )
             return memory, mask
 
-        def decode(self, memory, mask, dec_in):
-            """Logits float32 ``[batch, tgt_len, vocab]`` of every decoder position."""
+        def decode(self, memory, mask, dec_in, last_only=False):
+            """Logits float32 ``[batch, tgt_len, vocab]`` of every decoder position (with
+            ``last_only``, ``[batch, 1, vocab]`` of the last one)."""
             t = dec_in.shape[1]
             causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
             h = self.transformer.decoder(
@@ -297,7 +298,7 @@ def _prenorm_class():
                 memory_key_padding_mask=mask,
             )
             weight = self.target_embed.weight if self.output is None else self.output.weight
-            return h @ weight.T
+            return (h[:, -1:] if last_only else h) @ weight.T
 
         def forward(self, src, dec_in):
             return self.decode(*self.encode(src), dec_in)
@@ -321,13 +322,14 @@ def _marian_class():
             out = self.model.model.encoder(input_ids=src, attention_mask=(~mask).long())
             return out.last_hidden_state, mask
 
-        def decode(self, memory, mask, dec_in):
+        def decode(self, memory, mask, dec_in, last_only=False):
             h = self.model.model.decoder(
                 input_ids=dec_in,
                 encoder_hidden_states=memory,
                 encoder_attention_mask=(~mask).long(),
                 use_cache=False,
             ).last_hidden_state
+            h = h[:, -1:] if last_only else h
             return self.model.lm_head(h) + self.model.final_logits_bias
 
         def forward(self, src, dec_in):
@@ -634,7 +636,9 @@ def beam_search(
             prefix = torch.cat(
                 [torch.full((b * k, 1), bos), alive_seq[:, :, :i].reshape(b * k, i)], dim=1
             )  # [b·k, i + 1]
-            logits = model.decode(memory, mask, prefix)[:, -1].float()  # [b·k, vocab]
+            logits = model.decode(memory, mask, prefix, last_only=True)[
+                :, -1
+            ].float()  # [b·k, vocab]
             logp = torch.log_softmax(logits, dim=-1).view(b, k, -1)  # [b, k, vocab]
             vocab = logp.shape[-1]
             if special.numel() != vocab:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,8 +94,16 @@ def read_record(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
 
 def write_gz(path: Path, data: bytes) -> None:
     """``data`` gzipped to ``path`` without a time stamp (the same bytes on every machine)."""
+    _replace(path, gzip.compress(data, mtime=0))
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all (a temporary file, then ``os.replace``):
+    a run killed while writing leaves no truncated record."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(gzip.compress(data, mtime=0))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def write_record(
@@ -111,8 +120,7 @@ def write_record(
             "hypotheses": f"{proxy}/{unit}.test.hyp.gz",
             "hypotheses_sha256": sha256(text),
         }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    _replace(path, (json.dumps(record, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
     print(f"  recorded {path}", flush=True)
     return record
 

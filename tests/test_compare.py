@@ -247,8 +247,12 @@ def test_quality_comparison_records_each_training_and_resumes_from_the_records(t
         assert proc.returncode == 0, proc.stderr[-4000:]
         return proc.stdout
 
+    stale = tmp_path / "q" / "small" / "ours-pre-seed1"  # a run killed before its record
+    stale.mkdir(parents=True)
+    (stale / "config.yaml").write_text("not the run's\n")
     first = run("--docs", str(docs))
     assert "plan small: 12 trainings, 0 recorded" in first  # 4 ours + 2 × (2 + 2)
+    assert f"ours-pre-seed1: removing the unfinished run {stale}" in first  # not resumed
     found = {p.stem: json.loads(p.read_text()) for p in (records / "small").glob("*.json")}
     ours = {s: found[f"{s}-seed{k}"] for s in ("ours-pre", "ours-post") for k in (1, 2)}
     for r in ours.values():
@@ -298,6 +302,22 @@ def test_quality_comparison_records_each_training_and_resumes_from_the_records(t
     assert "skip " not in third and again.read_text().split("begin -->")[1] == text.split(
         "begin -->"
     )[1].removesuffix("y\n")
+
+
+def test_a_failed_training_is_named_and_the_others_go_on():
+    from types import SimpleNamespace
+
+    from benchmarks import compare_quality
+
+    def unit(args, proxy, data, system, seed):
+        if seed == 1:
+            raise RuntimeError("seq2seq-train failed (exit 1):\nloss is NaN")
+        return {"seed": seed}
+
+    args = SimpleNamespace(failed=[])
+    runs = [compare_quality.attempt(args, unit, "full", None, "ours-post", s) for s in (1, 2)]
+    assert runs == [None, {"seed": 2}]
+    assert args.failed == ["full ours-post seed 1: seq2seq-train failed (exit 1):"]
 
 
 def test_quality_options_are_checked(tmp_path, capsys):
@@ -419,6 +439,9 @@ def test_peers_have_ours_parameter_count_and_decode_as_their_forward(arch):
         for j in range(dec.shape[1]):
             step = peer.decode(memory, mask, dec[:, : j + 1])[:, -1]
             torch.testing.assert_close(step, full[:, j], atol=1e-5, rtol=1e-5)
+            last = peer.decode(memory, mask, dec[:, : j + 1], last_only=True)  # beam search's
+            assert last.shape == (2, 1, 50)
+            torch.testing.assert_close(last[:, 0], full[:, j], atol=1e-5, rtol=1e-5)
         padded = torch.cat([src, torch.zeros(2, 3, dtype=torch.long)], dim=1)
         torch.testing.assert_close(peer(padded, dec), full, atol=1e-5, rtol=1e-5)
     if arch == "pre":  # ours' positions and one shared matrix
@@ -446,8 +469,9 @@ def test_peer_beam_search_finds_the_best_scored_output_as_ours_defines_it():
         def encode(self, src):
             return src.float(), src == pad
 
-        def decode(self, memory, mask, dec_in):
-            return w[dec_in] + u[: dec_in.shape[1]][None] + v[memory[:, 0].long()][:, None]
+        def decode(self, memory, mask, dec_in, last_only=False):
+            logits = w[dec_in] + u[: dec_in.shape[1]][None] + v[memory[:, 0].long()][:, None]
+            return logits[:, -1:] if last_only else logits
 
     alpha = 0.6
     penalty = [((5 + n) / 6) ** alpha for n in range(10)]
