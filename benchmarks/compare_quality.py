@@ -61,8 +61,9 @@ the config, of the recipe's rules and of the peers' recipe) skips it, so the com
 resumes across sessions and machines from the committed records (the run directories under
 ``--out`` are not needed again). A record is written whole or not at all; a run of ours killed
 before its record starts again from nothing (a resumed run would not be a budgeted one); a
-training that fails is named and skipped, the others go on, and the exit status is 1. The plan (the trainings, how many are recorded, the hours left) is printed
-first. ``--from-records`` trains nothing.
+training that fails is named and skipped, the others go on, and the exit status is 1. The
+plan (the trainings, how many are recorded, the hours left) is printed first.
+``--from-records`` trains nothing.
 
 Table: generated from the records alone (``quality_records.build`` / ``markdown``): per proxy
 and seed, ours pre-norm, ours post-norm, each peer's plain point and dev pick with their

@@ -308,7 +308,7 @@ def markdown(table: dict[str, Any], meta: dict[str, Any]) -> str:
         "recorded).",
         "",
         "| proxy | seed | system | settings | steps | train s | dev BLEU | test BLEU ± 95% CI "
-        "| test chrF | p bootstrap | p AR | against |",
+        "| test chrF ± 95% CI | p bootstrap, BLEU / chrF | p AR, BLEU / chrF | against |",
         "|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     names = {
@@ -330,27 +330,32 @@ def markdown(table: dict[str, Any], meta: dict[str, Any]) -> str:
                     continue
                 got = _system_result(s["tests"], row)
                 test = r["test"]
-                ci = p_bs = p_ar = None
+                ci: dict[str, float | None] = {"BLEU": None, "chrF": None}
+                p_bs = p_ar = "— / —"
                 against = ""
                 if got is not None:
                     baseline, fig = got
-                    ci = fig["BLEU"]["ci95"]
+                    ci = {m: fig[m]["ci95"] for m in ci}
                     if baseline != row:
-                        p_bs, p_ar = fig["BLEU"]["p_bootstrap"], fig["BLEU"]["p_ar"]
+                        p_bs = " / ".join(f3(fig[m]["p_bootstrap"]) for m in ci)
+                        p_ar = " / ".join(f3(fig[m]["p_ar"]) for m in ci)
                         against = names[baseline]
                     signatures = s["tests"][baseline]["signatures"]
-                bleu = f"{test['bleu']:.2f}" + ("" if ci is None else f" ± {ci:.2f}")
+                bleu, chrf = (
+                    f"{test[key]:.2f}" + ("" if ci[m] is None else f" ± {ci[m]:.2f}")
+                    for key, m in (("bleu", "BLEU"), ("chrf", "chrF"))
+                )
                 picked = row.endswith("best")
                 lines.append(
                     f"| {proxy} | {seed} | {label} | {_settings_text(r, picked)} | {r['steps']} | "
                     f"{r['train_seconds']:.0f} | {f2(r['dev']['bleu'])} | {bleu} | "
-                    f"{test['chrf']:.2f} | {f3(p_bs)} | {f3(p_ar)} | {against} |"
+                    f"{chrf} | {p_bs} | {p_ar} | {against} |"
                 )
     lines.append("")
     if signatures:
         lines.append(
-            "- sacreBLEU on the detokenised test split; CI and p-values of BLEU "
-            f"(bootstrap: `{signatures['BLEU']['bootstrap']}`; approximate randomization: "
+            "- sacreBLEU on the detokenised test split; CIs and p-values of BLEU and chrF "
+            f"(BLEU's bootstrap: `{signatures['BLEU']['bootstrap']}`; approximate randomization: "
             f"`{signatures['BLEU']['ar']}`); each peer against ours of its norm placement, "
             "ours post-norm against ours pre-norm."
         )

@@ -284,6 +284,13 @@ def test_quality_comparison_records_each_training_and_resumes_from_the_records(t
     ]
     text = docs.read_text()
     assert "old" not in text and text.endswith("end -->\ny\n")
+    figures = tests["ours-post"]["systems"][1]  # the plain MarianMT against ours post-norm
+    row = next(
+        x for x in text.splitlines() if x.startswith("| small | 1 | MarianMT (post-norm), plain")
+    )
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[8].endswith(f"± {figures['chrF']['ci95']:.2f}")  # chrF's CI and p-values too
+    assert cells[10] == f"{figures['BLEU']['p_ar']:.3f} / {figures['chrF']['p_ar']:.3f}"
     for label in (
         "ours, pre-norm",
         "MarianMT (post-norm), best",
