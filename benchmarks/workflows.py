@@ -1197,6 +1197,29 @@ def bt_page(record: dict, doc: Path, record_path: Path, curves: Path) -> str:
     return "\n".join(lines)
 
 
+def _curve_gaps(record: dict) -> list[str]:
+    """A bullet: the distilled student's mean dev BLEU lead over the student on the original
+    targets in the first fifth, the middle and the last two fifths of the steps (evaluations
+    at the same steps), empty when the record has no curves."""
+    runs = record["runs"]
+    a = dict(map(tuple, runs["student_original"].get("dev_bleu", [])))
+    b = dict(map(tuple, runs["student_distilled"].get("dev_bleu", [])))
+    steps = sorted(set(a) & set(b))
+    if not steps:
+        return []
+    end = record["conditions"]["steps"]
+    parts = []
+    for lo, hi in ((0, end // 5), (end // 5, 3 * end // 5), (3 * end // 5, end)):
+        gaps = [b[k] - a[k] for k in steps if lo < k <= hi]
+        if gaps:
+            parts.append(f"{sum(gaps) / len(gaps):+.2f} over steps {lo + 1:,}–{hi:,}")
+    return [
+        "- the dev curves (below): the distilled student's mean dev BLEU lead over the other, "
+        + ", ".join(parts)
+        + ". A comparison early in training sees the first figure, not the last.",
+    ]
+
+
 def _distill_result(record: dict) -> list[str]:
     """The page's reading of its paired test: what the teacher's targets gave the student, as a
     share of the teacher's lead, and how far those targets are from the original ones."""
@@ -1204,6 +1227,11 @@ def _distill_result(record: dict) -> list[str]:
     systems = record["test"]["report"]["systems"]
     original, distilled, teacher = (s["BLEU"]["score"] for s in systems)
     lead, gain, p = teacher - original, distilled - original, systems[1]["BLEU"]["p_ar"]
+    chrf = [s["chrF"]["score"] for s in systems[:2]]
+    chrf_text = (
+        f"; chrF {chrf[1]:.2f} against {chrf[0]:.2f} ({chrf[1] - chrf[0]:+.2f}, p = "
+        f"{systems[1]['chrF']['p_ar']:.4f})"
+    )
     share = f", {gain / lead:.0%} of the teacher's lead of {lead:.2f}" if lead > 0 else ""
     reading = (
         " Sequence-level distillation (Kim and Rush 2016) replaces each target with the "
@@ -1218,7 +1246,8 @@ def _distill_result(record: dict) -> list[str]:
         "",
         f"- the student on the teacher's targets scores {distilled:.2f} test BLEU against "
         f"{original:.2f} on the original ones ({gain:+.2f}{share}; paired approximate "
-        f"randomization, p = {p:.4f}); the teacher scores {teacher:.2f}.",
+        f"randomization, p = {p:.4f}){chrf_text}; the teacher scores {teacher:.2f} BLEU.",
+        *_curve_gaps(record),
         f"- what the student saw: the teacher's translations of its own {c['pairs']:,} training "
         f"sources (on which it trained {c['steps']:,} steps) score BLEU {d['bleu']:.2f} against "
         f"the original targets; {1 - d['copy_rate']:.1%} of them differ from the original."
@@ -1324,7 +1353,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="key=value for every training")
     parser.add_argument("--smoke", action="store_true", help="tiny models, data and steps")
     args = parser.parse_args(argv)
-    command = shlex.join(["python", "-m", "benchmarks.workflows", *(argv or sys.argv[1:])])
+    given = argv if argv is not None else sys.argv[1:]
+    # the command that runs the stages and regenerates the page (``--plan`` alone runs none)
+    command = shlex.join(
+        ["python", "-m", "benchmarks.workflows", *[a for a in given if a != "--plan"]]
+    )
     args.methods = args.methods or (SMOKE_METHODS if args.smoke else "topk10,beam")
     methods = [m for m in args.methods.split(",") if m]
     if len(set(methods)) < 2 or len(set(methods)) < len(methods) or set(methods) - set(METHODS):

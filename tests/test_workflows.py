@@ -41,10 +41,16 @@ def test_summary_reads_deltas_p_values_and_speeds_from_the_report():
 
 def test_the_distillation_result_reads_the_gain_as_a_share_of_the_teachers_lead():
     def system(bleu, p=None):
-        return {"BLEU": {"score": bleu, "p_ar": p}}
+        return {"BLEU": {"score": bleu, "p_ar": p}, "chrF": {"score": bleu + 20, "p_ar": p}}
 
     record = {
-        "conditions": {"pairs": 20000, "steps": 10100},
+        "runs": {  # dev BLEU at steps 2, 4, ..., 10: the distilled student 3 ahead, then 1
+            "student_original": {"dev_bleu": [[k, 10.0] for k in (2, 4, 6, 8, 10)]},
+            "student_distilled": {
+                "dev_bleu": [[k, 13.0 if k <= 2 else 11.0] for k in (2, 4, 6, 8, 10)]
+            },
+        },
+        "conditions": {"pairs": 20000, "steps": 10},
         "distilled": {"bleu": 92.4, "copy_rate": 0.831},
         "test": {"report": {"systems": [system(31.0), system(32.5, 0.0123), system(35.0, 1e-4)]}},
     }
@@ -53,6 +59,11 @@ def test_the_distillation_result_reads_the_gain_as_a_share_of_the_teachers_lead(
     assert (
         "+1.50, 38% of the teacher's lead of 4.00; paired approximate randomization, p = "
         "0.0123" in text
+    )
+    assert "chrF 52.50 against 51.00 (+1.50, p = 0.0123)" in text
+    assert (
+        "lead over the other, +3.00 over steps 1–2, +1.00 over steps 3–6, +1.00 over "
+        "steps 7–10." in text
     )
     assert "16.9% of them differ" in text and "little to act on" in text
     record["distilled"]["copy_rate"] = 0.3  # a teacher far from its training targets
