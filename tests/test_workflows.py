@@ -46,6 +46,7 @@ def test_the_distillation_result_reads_the_gain_as_a_share_of_the_teachers_lead(
     record = {
         "runs": {  # dev BLEU at steps 2, 4, ..., 10: the distilled student 3 ahead, then 1
             "student_original": {"dev_bleu": [[k, 10.0] for k in (2, 4, 6, 8, 10)]},
+            "teacher": {"dev_bleu": [[k, 20.0 + k] for k in (2, 4, 6, 8, 10)]},
             "student_distilled": {
                 "dev_bleu": [[k, 13.0 if k <= 2 else 11.0] for k in (2, 4, 6, 8, 10)]
             },
@@ -61,6 +62,10 @@ def test_the_distillation_result_reads_the_gain_as_a_share_of_the_teachers_lead(
         "0.0123" in text
     )
     assert "chrF 52.50 against 51.00 (+1.50, p = 0.0123)" in text
+    # the last fifth (step 10) over the one before (step 8): +2 for the teacher, 0 for the others
+    assert (
+        "teacher +2.00, student, original targets +0.00, student, distilled targets +0.00" in text
+    )
     assert (
         "lead over the other, +3.00 over steps 1–2, +1.00 over steps 3–6, +1.00 over "
         "steps 7–10." in text
