@@ -1013,9 +1013,10 @@ def _training_conditions(record: dict, run: dict, runs: list[dict]) -> list[str]
         f"{v('model.num_encoder_layers')}+{v('model.num_decoder_layers')} layers, d_ff "
         f"{v('model.d_ff')}, dropout {v('model.dropout_rate')}; {run['parameters']:,} "
         f"parameters, batches of {v('data.max_tokens')} tokens. Smaller than the preset "
-        "(d_model 256, d_ff 1024: 7.6M parameters with its 8,000 pieces), so that both "
-        f"experiments, every model at its dev plateau, fit a {SESSION_MINUTES}-minute session "
-        "on a 2-core CPU; the plan came from a probe of each size, its step time measured.",
+        "(d_model 256, d_ff 1024: 7.6M parameters with its 8,000 pieces), so that each "
+        f"experiment was planned to fit a {SESSION_MINUTES}-minute session on a 2-core CPU "
+        "(the plan came from a probe of each size, its step time measured; the header gives "
+        "the time measured).",
         f"- tokenizer: the baseline's SentencePiece model ({v('tokenizer.model_type')}, "
         f"{v('tokenizer.vocab_size')} pieces, trained on both sides of the real pairs with "
         "`<BT>` a user-defined symbol) is the `tokenizer.model_file` of every other run: "
@@ -1042,9 +1043,9 @@ def _stages(record: dict) -> list[str]:
         )
     lines += [
         "",
-        "The commands, in order. They read files that the script writes under `data/` (the "
-        "splits, the monolingual text, copies of the sources), so run the script once before "
-        "rerunning a single stage:",
+        "The commands, in order. They read files that the script writes under the runs' "
+        "`data/` folders (the splits, the monolingual text, copies of the sources), so run the "
+        "script once before rerunning a single stage:",
         "",
         "```bash",
         *[shlex.join(["python", "-m", "seq2seq", *s["command"]]) for s in stages],
@@ -1199,8 +1200,9 @@ def bt_page(record: dict, doc: Path, record_path: Path, curves: Path) -> str:
 
 def _curve_gaps(record: dict) -> list[str]:
     """A bullet: the distilled student's mean dev BLEU lead over the student on the original
-    targets in the first fifth, the middle and the last two fifths of the steps (evaluations
-    at the same steps), empty when the record has no curves."""
+    targets in the first fifth, the next three and the last fifth of the steps (evaluations at
+    the same steps), and each run's last fifth over the fifth before (about 0 on a plateau);
+    empty when the record has no curves."""
     runs = record["runs"]
     a = dict(map(tuple, runs["student_original"].get("dev_bleu", [])))
     b = dict(map(tuple, runs["student_distilled"].get("dev_bleu", [])))
@@ -1209,7 +1211,7 @@ def _curve_gaps(record: dict) -> list[str]:
         return []
     end = record["conditions"]["steps"]
     parts = []
-    for lo, hi in ((0, end // 5), (end // 5, 3 * end // 5), (3 * end // 5, end)):
+    for lo, hi in ((0, end // 5), (end // 5, 4 * end // 5), (4 * end // 5, end)):
         gaps = [b[k] - a[k] for k in steps if lo < k <= hi]
         if gaps:
             parts.append(f"{sum(gaps) / len(gaps):+.2f} over steps {lo + 1:,}–{hi:,}")
@@ -1225,8 +1227,8 @@ def _curve_gaps(record: dict) -> list[str]:
         if last and before:
             late.append(f"{label} {sum(last) / len(last) - sum(before) / len(before):+.2f}")
     still = (
-        " None is flat at the end: mean dev BLEU of the last fifth of the steps over the fifth "
-        f"before, {', '.join(late)}; the three are compared at the same updates."
+        " How far each curve still rose: mean dev BLEU of the last fifth of the steps over the "
+        f"fifth before (about 0 on a plateau), {', '.join(late)}."
         if late
         else ""
     )
@@ -1253,9 +1255,9 @@ def _distill_result(record: dict) -> list[str]:
     share = f", {gain / lead:.0%} of the teacher's lead of {lead:.2f}" if lead > 0 else ""
     reading = (
         " Sequence-level distillation (Kim and Rush 2016) replaces each target with the "
-        "teacher's beam output; a teacher that reproduces most of its training targets changes "
-        "few of them, so this measures the method where it has little to act on, not on a "
-        "corpus large enough that the teacher's outputs differ from the references."
+        "teacher's beam output; a teacher that reproduces most of its own training targets, "
+        "as this one does after that many passes over them, leaves the student mostly the "
+        "original targets."
         if d["copy_rate"] >= 0.5
         else ""
     )
