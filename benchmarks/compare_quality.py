@@ -62,7 +62,10 @@ resumes across sessions and machines from the committed records (the run directo
 ``--out`` are not needed again). A record is written whole or not at all; a run of ours killed
 before its record starts again from nothing (a resumed run would not be a budgeted one); a
 training that fails is named and skipped, the others go on, and the exit status is 1. The
-plan (the trainings, how many are recorded, the hours left) is printed first.
+plan (the trainings, how many are recorded, the hours left) is printed first. While a file
+``PAUSE`` exists under ``--out``, the next training waits (heavy work can run between two
+budgeted trainings); each record keeps the 1-minute load average at its training's start
+and end.
 ``--from-records`` trains nothing.
 
 Table: generated from the records alone (``quality_records.build`` / ``markdown``): per proxy
@@ -461,6 +464,31 @@ def record_head(args: argparse.Namespace, proxy: str, unit: str, system: str, se
     }
 
 
+PAUSE = "PAUSE"  # a file of this name under --out holds the next training back
+PAUSE_POLL_SECONDS = 30
+
+
+def wait_while_paused(args: argparse.Namespace, unit: str) -> None:
+    """Wait while ``--out``/PAUSE exists, before ``unit``'s training starts: heavy work (a
+    test suite) can run between two budgeted trainings instead of slowing one down. Create
+    the file, wait for the running training's record, work, then remove it."""
+    pause = args.out_dir / PAUSE
+    if pause.exists():
+        print(f"  {unit}: paused while {pause} exists", flush=True)
+        while pause.exists():
+            time.sleep(PAUSE_POLL_SECONDS)
+        print(f"  {unit}: resumed", flush=True)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the platform has none): the records keep it at
+    a training's start and end, so a disturbed run can be told from a quiet one."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def ours_overrides(
     args: argparse.Namespace, system: str, seed: int, dev_check: Sequence[str] = ()
 ) -> list[str]:
@@ -496,11 +524,14 @@ def run_ours(
     if done is not None:
         print(f"  skip {unit}: recorded", flush=True)
         return done
+    wait_while_paused(args, unit)
     workdir = args.out_dir / proxy / unit
     if workdir.exists():  # killed before its record: a resumed run would not be a 780 s run
         print(f"  {unit}: removing the unfinished run {workdir}", flush=True)
         shutil.rmtree(workdir)
+    load = {"at_start": load_average()}
     summary = train_ours(args.config, data, workdir, ours_overrides(args, system, seed, dev_check))
+    load["at_end"] = load_average()
     src, tgt = LANGS
     dev_hyps = ours_translate(
         workdir, summary["test_step"], data / f"dev.{src}", workdir / "dev.translated.hyp"
@@ -513,6 +544,7 @@ def run_ours(
         **real_recipe(workdir, target_words(data / f"train.{tgt}")),
         "step": summary["step"],
         "train_seconds": summary["train_seconds"],
+        "load_average": load,
         "parameters": summary["trainable_parameters"],
         "dev": scores(dev_hyps, read_lines(data / f"dev.{tgt}")),
         "tokenizer": save_tokenizer(args.records_dir, proxy, tokenizer_path(workdir)),
@@ -569,6 +601,7 @@ def run_peer(
     if ours is None:
         print(f"  {unit}: waits for the record of {ours_unit}", flush=True)
         return None
+    wait_while_paused(args, unit)
     seconds = max(ours["train_seconds"], args.peer_seconds_at_least)
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     arch = system.removeprefix("peer-")
@@ -576,7 +609,9 @@ def run_peer(
     src, tgt = LANGS
     train = (read_lines(data / f"train.{src}"), read_lines(data / f"train.{tgt}"))
     sources = {split: read_lines(data / f"{split}.{src}") for split in ("dev", "test")}
+    load = {"at_start": load_average()}
     r = train_peer(arch, setup, train, sources, seconds, threads or 1, seed, point)
+    load["at_end"] = load_average()
     refs = read_lines(data / f"test.{tgt}")
     hyps, dev_hyps = r["hyps"]["test"], r.pop("hyps")["dev"]
     record = {
@@ -585,6 +620,7 @@ def run_peer(
         "order": order,
         "ours": ours_unit,
         "seconds_asked": seconds,
+        "load_average": load,
         "architecture": ARCHS[arch],
         **r,
         "dev": scores(dev_hyps, read_lines(data / f"dev.{tgt}")),

@@ -255,6 +255,8 @@ def test_quality_comparison_records_each_training_and_resumes_from_the_records(t
     assert f"ours-pre-seed1: removing the unfinished run {stale}" in first  # not resumed
     found = {p.stem: json.loads(p.read_text()) for p in (records / "small").glob("*.json")}
     ours = {s: found[f"{s}-seed{k}"] for s in ("ours-pre", "ours-post") for k in (1, 2)}
+    for r in found.values():  # a disturbed training can be told from a quiet one
+        assert all(x >= 0 for x in r["load_average"].values()), r["load_average"]
     for r in ours.values():
         assert r["steps"] == r["provisional_steps"] == 3 and r["warmup_share"] == 1 / 3
         assert (records / r["tokenizer"]).exists() and r["test"]["lines"] == 40
@@ -325,6 +327,28 @@ def test_a_failed_training_is_named_and_the_others_go_on():
     runs = [compare_quality.attempt(args, unit, "full", None, "ours-post", s) for s in (1, 2)]
     assert runs == [None, {"seed": 2}]
     assert args.failed == ["full ours-post seed 1: seq2seq-train failed (exit 1):"]
+
+
+def test_a_pause_file_holds_the_next_training_back(tmp_path, monkeypatch, capsys):
+    import threading
+    from types import SimpleNamespace
+
+    from benchmarks import compare_quality
+
+    monkeypatch.setattr(compare_quality, "PAUSE_POLL_SECONDS", 0.01)
+    args = SimpleNamespace(out_dir=tmp_path)
+    compare_quality.wait_while_paused(args, "ours-pre-seed1")  # no file: no wait
+    assert capsys.readouterr().out == ""
+    (tmp_path / "PAUSE").touch()
+    waiter = threading.Thread(target=compare_quality.wait_while_paused, args=(args, "u"))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # held back while the file exists
+    (tmp_path / "PAUSE").unlink()
+    waiter.join(5)
+    assert not waiter.is_alive()
+    said = capsys.readouterr().out
+    assert said == f"  u: paused while {tmp_path / 'PAUSE'} exists\n  u: resumed\n"
 
 
 def test_quality_options_are_checked(tmp_path, capsys):
