@@ -45,7 +45,9 @@ Systems (``--systems``), per proxy and seed (``--seeds``, default 1,2):
    when it differs). The grid must hold the plain recipe's point (1e-3, 400, rsqrt, 0.1).
    Each candidate decodes dev and test; the best dev BLEU is the peer's pick ("best"), and
    its first-seed run is that seed's result; the other seeds train the plain point and the
-   pick.
+   pick. A peer trains only on a machine like its ours' (the record's ``machine``: the CPU's
+   name, its AVX2 / AVX-512 / AMX units and the cores), since the same seconds buy another
+   machine another number of steps; elsewhere it waits, as for a missing record of ours.
 
 ``--dev-check KEY=VALUE`` (repeatable) trains only ours (pre-norm) with those overrides for the
 proxies and seeds given and records its dev scores (not its test scores): how a recipe constant
@@ -600,6 +602,13 @@ def run_peer(
     ours = read_record(record_path(args.records_dir, proxy, ours_unit), args.settings)
     if ours is None:
         print(f"  {unit}: waits for the record of {ours_unit}", flush=True)
+        return None
+    if ours["machine"] != args.machine:  # its seconds would buy another number of steps
+        print(
+            f"  {unit}: waits for a machine like {ours_unit}'s ({ours['machine']}; this one: "
+            f"{args.machine})",
+            flush=True,
+        )
         return None
     wait_while_paused(args, unit)
     seconds = max(ours["train_seconds"], args.peer_seconds_at_least)
@@ -1156,7 +1165,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never ask the hub
     info = machine_info("float32")
-    return run(args, f"{info['cpu']}, {info['cpus_usable']} cores")
+    features = ", ".join(info["cpu_features"]) or "no AVX2"
+    return run(args, f"{info['cpu']} ({features}), {info['cpus_usable']} cores")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,23 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what sets XLA:CPU's speed
+
+
+def cpu_features() -> list[str]:
+    """Which of ``SPEED_FLAGS`` the CPU has (``/proc/cpuinfo``'s flags; empty where there
+    is none): two machines of one model name can differ in them, and with them in speed
+    (the preset's bfloat16 products are emulated without AVX512-BF16 or AMX)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in SPEED_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
 def cpus_line() -> str:
     """``PROCESSOR, N CPUs`` (``platform.processor()`` or ``platform.machine()``, and
     ``os.cpu_count()``): the one-line machine of the A/B and MBR pages."""
@@ -73,6 +90,7 @@ def machine_info(dtype: str) -> dict[str, Any]:
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
         "cpu": cpu_name(),
+        "cpu_features": cpu_features(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": affinity,
         "memory_bytes": _total_memory(),

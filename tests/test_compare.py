@@ -329,6 +329,24 @@ def test_a_failed_training_is_named_and_the_others_go_on():
     assert args.failed == ["full ours-post seed 1: seq2seq-train failed (exit 1):"]
 
 
+def test_a_peer_trains_only_on_a_machine_like_its_ours(tmp_path, capsys):
+    # the peer's seconds are ours': on a machine of other vector units they buy other steps
+    from types import SimpleNamespace
+
+    from benchmarks import compare_quality
+    from benchmarks.peers import PLAIN
+
+    settings = {"budget_seconds": 780}
+    ours = {"unit": "ours-pre-seed1", "machine": "AMD EPYC (avx2), 2 cores", "settings": settings}
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "ours-pre-seed1.json").write_text(json.dumps(ours))
+    here = "AMD EPYC (avx2, avx512f, avx512_bf16), 2 cores"
+    args = SimpleNamespace(records_dir=tmp_path, settings=settings, machine=here)
+    assert compare_quality.run_peer(args, "full", tmp_path, "peer-pre", 1, PLAIN, 0) is None
+    waits = f"waits for a machine like ours-pre-seed1's ({ours['machine']}; this one: {here})"
+    assert waits in capsys.readouterr().out
+
+
 def test_a_pause_file_holds_the_next_training_back(tmp_path, monkeypatch, capsys):
     import threading
     from types import SimpleNamespace
