@@ -484,14 +484,18 @@ class TrainConfig:
         checkpoint, if any) or ``last``.
       max_seconds: stop (and checkpoint) after this much training wall time (0 = no limit).
       time_budget: size the run to this many seconds of training time (0 = off; dev
-        evaluations and checkpoints are not counted). When the run reaches the end of its
-        warmup, the step count that fills the rest of the budget at the speed measured over
-        the warmup (``seq2seq.data.recipe.steps_for_time_budget``) replaces ``steps`` as the
-        run's end and the schedule's horizon, so a ``linear`` decay ends with the budget; the
-        step is compiled once and reads the horizon as a value. The chosen count is logged
-        and kept in the checkpoints (a resume keeps it; ``config.yaml`` keeps the resolved,
-        provisional ``steps``) and in ``test.json`` (``steps``). The run's length then depends
-        on the machine's speed. A given
+        evaluations and checkpoints are not counted). Before a new run's config is resolved,
+        its compiled step is timed on random batches of its shapes
+        (``seq2seq.training.probe``), and ``steps`` left to the recipe becomes the count the
+        budget buys at that speed, which the warmup (a fifth) and the dropout rule count.
+        When the run reaches the end of its warmup, the step count that fills the rest of
+        the budget at the speed measured over the warmup
+        (``seq2seq.data.recipe.steps_for_time_budget``) replaces ``steps`` as the run's end
+        and the schedule's horizon, so a ``linear`` decay ends with the budget; the step is
+        compiled once and reads the horizon as a value. The chosen count is logged and kept
+        in the checkpoints (a resume keeps it; ``config.yaml`` keeps the resolved ``steps``)
+        and in ``test.json`` (``steps``). The run's length then depends on the machine's
+        speed. A given
         ``warmup_steps`` longer than the recipe's provisional steps raises them to it (the
         budget would otherwise never be applied).
       init_from: start from the weights of a trained run (a workdir: its newest checkpoint, or

@@ -125,13 +125,16 @@ def resolve(
     return resolve_config(load_config(path, overrides), validate=validate)
 
 
-def resolve_config(config: Config, *, validate: bool = True) -> Resolved:
+def resolve_config(
+    config: Config, *, validate: bool = True, budget_steps: int | None = None
+) -> Resolved:
     """``config`` through the stages of the module docstring; reads only the training corpus
     (when the recipe needs it), given tokenizer model files and the saved ``config.yaml`` of
     this run and of its ``train.init_from`` parent; writes nothing.
 
     ``validate``: False skips the resume check and ``check_run_config`` (``seq2seq-params``,
-    which only counts parameters).
+    which only counts parameters). ``budget_steps``: the steps ``train.time_budget`` buys at
+    the timed speed (``seq2seq.run``), which the recipe counts instead of the token budget's.
 
     Raises:
       ConfigError / MeshError: a setting is invalid or a resume changes a key it may not
@@ -142,7 +145,7 @@ def resolve_config(config: Config, *, validate: bool = True) -> Resolved:
     workdir = Path(config.workdir)
     steps = checkpoint_steps(workdir)
     saved = load_config(config_path(workdir)) if steps and config_path(workdir).is_file() else None
-    config, notes = _recipe(config, saved)
+    config, notes = _recipe(config, saved, budget_steps)
     parent = resolve_parent(config)
     if parent is not None:  # the parent's tokenizer settings: its models are reused
         tok = parent.config.tokenizer
@@ -166,7 +169,9 @@ def resolve_config(config: Config, *, validate: bool = True) -> Resolved:
     return Resolved(config, notes, saved, steps[-1] if saved else 0, changes, parent, spec)
 
 
-def _recipe(config: Config, saved: Config | None) -> tuple[Config, tuple[str, ...]]:
+def _recipe(
+    config: Config, saved: Config | None, budget_steps: int | None = None
+) -> tuple[Config, tuple[str, ...]]:
     """Stage 1: the recipe's placeholders filled (the resumed run's values first)."""
     notes = []
     if config.train.steps and config.train.time_budget:
@@ -183,7 +188,7 @@ def _recipe(config: Config, saved: Config | None) -> tuple[Config, tuple[str, ..
             "model.dropout_rate": (config.model.dropout_rate is None, saved.model.dropout_rate),
         }
         config = replace(config, **{k: old for k, (left, old) in keep.items() if left})
-    config, note = recipe.resolve(config)
+    config, note = recipe.resolve(config, budget_steps=budget_steps)
     return config, tuple(n for n in (note, *notes) if n)
 
 

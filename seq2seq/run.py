@@ -10,6 +10,7 @@ knows decoding, and this module wires them into a run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -26,6 +27,7 @@ from seq2seq.data.tokenizer import TokenizerPair, load_pair, model_names, vocab_
 from seq2seq.resolve import Resolved, check_run_config, log_changes, resolve_config
 from seq2seq.sharding import (
     Partitioner,
+    agree_on_steps,
     initialize_distributed,
     is_main_process,
     main_process_first,
@@ -36,6 +38,7 @@ from seq2seq.training.context import train_context
 from seq2seq.training.init_from import Parent
 from seq2seq.training.loop import DevBleu, Interrupted, fit
 from seq2seq.training.metrics import MetricsWriter
+from seq2seq.training.probe import step_seconds
 from seq2seq.training.progress import TrainingDiverged
 from seq2seq.translation import Translator
 from seq2seq.workdir import compile_cache_dir, config_changes_path, config_path, skipped_path
@@ -49,6 +52,7 @@ __all__ = [
     "check_run_config",
     "dev_bleu",
     "prepare_run",
+    "resolve_run",
     "train",
 ]
 
@@ -180,10 +184,44 @@ def _resolved(run: Config | Resolved) -> Resolved:
     if isinstance(run, Resolved):
         return run
     initialize_distributed(run.distributed)  # no-op for a single process; before devices
-    resolved = resolve_config(run)
+    resolved = resolve_run(run)
     for note in resolved.notes:
         log.info("%s", note)
     return resolved
+
+
+def resolve_run(config: Config) -> Resolved:
+    """``resolve_config``; for a new run whose ``train.time_budget`` chooses its steps, once
+    more with the steps the budget buys at the speed of its train step
+    (``budget_steps``), so that the recipe's warmup and dropout count them. The timing is
+    the first of the notes. Call after ``jax.distributed`` starts.
+
+    Raises:
+      as ``resolve_config``.
+    """
+    resolved = resolve_config(config)
+    timed = budget_steps(resolved)
+    if timed is None:
+        return resolved
+    steps, note = timed
+    again = resolve_config(config, budget_steps=steps)
+    return dataclasses.replace(again, notes=(note, *again.notes))
+
+
+def budget_steps(resolved: Resolved) -> tuple[int, str] | None:
+    """For a new run whose ``train.time_budget`` chooses its steps: the steps the budget buys
+    at the speed of its train step, timed on random batches of its shapes
+    (``seq2seq.training.probe``; the processes agree on the smallest count), and a line that
+    says so; None otherwise (a resume keeps its saved steps)."""
+    config = resolved.config
+    if resolved.saved is not None or not config.train.time_budget:
+        return None
+    seconds, compiled = step_seconds(config, Partitioner.from_config(config))
+    steps = agree_on_steps(max(1, int(config.train.time_budget / max(seconds, 1e-9))))
+    return steps, (
+        f"train.time_budget={config.train.time_budget:g}s: the step timed at {seconds:.3f} s "
+        f"({compiled:.0f} s to compile): {steps} steps"
+    )
 
 
 def _write_skipped(workdir: Path, skipped: list[str]) -> None:

@@ -66,6 +66,43 @@ def test_resolve_fills_only_the_keys_left_at_zero(tmp_path):
     assert recipe.resolve(given) == (given, "")
 
 
+def test_a_time_budget_counts_the_steps_it_buys(tmp_path):
+    # the steps the budget buys at the timed speed replace the token budget's provisional
+    # count, and the warmup and dropout count them: 2-core CPU, 20,000 pairs, 780 s bought
+    # ~510 steps of 2048 tokens, not 960 (docs/data/quality_before_timed_steps/small/)
+    corpus = write_corpus(tmp_path / "data", train=300)
+    base = tiny_config(corpus, tmp_path / "run", "train.token_budget=20480", "train.steps=3")
+    auto = replace(
+        base,
+        **{
+            "train.steps": 0,
+            "train.warmup_steps": 0,
+            "model.dropout_rate": None,
+            "train.time_budget": 780.0,
+        },
+    )
+    size = recipe.CorpusSize(pairs=20_000, words=119_474)
+    provisional, _ = recipe.resolve(auto, size)
+    assert provisional.train.steps == 20480 // base.data.max_tokens  # the token budget's
+    config, note = recipe.resolve(auto, size, budget_steps=510)
+    assert config.train.steps == 510 and config.train.warmup_steps == 102  # a fifth
+    tokens = 510 * base.data.max_tokens
+    assert config.model.dropout_rate == recipe.dropout_rate(tokens, 119_474)
+    assert "train.steps: what train.time_budget=780 buys at the step's timed speed" in note
+    small = replace(auto, **{"data.max_tokens": 2048})  # small's batch: 8.7 passes, not 16.5
+    assert recipe.resolve(small, size, budget_steps=510)[0].model.dropout_rate == 0.17
+    small = replace(small, **{"train.token_budget": 960 * 2048})
+    assert recipe.resolve(small, size)[0].model.dropout_rate == 0.3  # the provisional 960
+    no_budget = replace(auto, **{"train.time_budget": 0.0})  # only a time budget buys steps
+    assert (
+        recipe.resolve(no_budget, size, budget_steps=510)[0].train.steps
+        == 20480 // base.data.max_tokens
+    )
+    # a given warmup longer than the steps bought still raises them (the budget then chooses)
+    long_warmup = replace(auto, **{"train.warmup_steps": 600})
+    assert recipe.resolve(long_warmup, size, budget_steps=510)[0].train.steps == 600
+
+
 def test_dropout_rate_follows_the_rule():
     # the proxies of docs/benchmarks.md at the token budget (960 steps of 2048 tokens)
     budget = 960 * 2048
@@ -141,19 +178,27 @@ def test_time_budget_chooses_the_steps_at_the_end_of_the_warmup(tmp_path):
     proc = run(train_command(args), cli_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = (workdir / "train.log").read_text(encoding="utf-8")
+    # before the config is resolved, the compiled step is timed: the steps the budget buys
+    timed = [line for line in log.splitlines() if "train.time_budget=4s: the step timed" in line]
+    assert len(timed) == 1, log[-3000:]
+    seconds = float(timed[0].split("timed at ")[1].split(" s")[0])
+    bought = int(timed[0].rsplit(": ", 1)[1].split()[0])
+    assert 4 / (seconds + 5e-4) - 1 <= bought <= 4 / max(seconds - 5e-4, 1e-9)  # %.3f s
     chosen = [line for line in log.splitlines() if "train.time_budget=4s:" in line]
+    chosen.remove(timed[0])
     assert len(chosen) == 1, log[-3000:]
     steps = int(chosen[0].rsplit("train.steps=", 1)[1].split()[0])
-    assert steps >= 8 and "(was 10)" in chosen[0]  # never fewer than the steps already done
+    assert steps >= 8 and f"(was {max(bought, 8)})" in chosen[0]  # never fewer than done
     # A 20k-parameter step takes milliseconds, so the budget adds steps; on a machine so busy
     # that the 8 warmup steps spent half the budget, the count may stay where it is. Up to
     # 2.5 s spent the formula adds more than 3: (4 - s) · 7 / s > 3 (rate: steps 2-8 over s).
     spent = float(chosen[0].split(" s of 4 spent")[0].rsplit(" ", 1)[1])
     if spent <= 2:
         assert steps > 10, chosen[0]
-    # config.yaml is the resolved config (provisional steps): training never rewrites it
+    # config.yaml is the resolved config (the steps bought, not the token budget's 10):
+    # training never rewrites it
     saved = yaml.safe_load((workdir / "config.yaml").read_text(encoding="utf-8"))
-    assert saved["train"]["steps"] == 10 and saved["train"]["warmup_steps"] == 8
+    assert saved["train"]["steps"] == max(bought, 8) and saved["train"]["warmup_steps"] == 8
     summary = json.loads((workdir / "test.json").read_text(encoding="utf-8"))
     assert summary["status"] == "finished" and summary["step"] == summary["steps"] == steps
     assert f"at step {steps} of {steps}." in (workdir / "summary.md").read_text(encoding="utf-8")
@@ -167,7 +212,7 @@ def test_time_budget_chooses_the_steps_at_the_end_of_the_warmup(tmp_path):
     proc = run(train_command(args), cli_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = (workdir / "train.log").read_text(encoding="utf-8")
-    assert sum("train.time_budget=4s:" in line for line in log.splitlines()) == 1
+    assert sum("train.time_budget=4s:" in line for line in log.splitlines()) == 2  # not timed
     summary = json.loads((workdir / "test.json").read_text(encoding="utf-8"))
     assert summary["step"] == summary["steps"] == steps
 

@@ -443,6 +443,7 @@ def test_the_time_budget_compiles_the_step_once_and_a_resume_keeps_its_horizon(
     """train.time_budget sets the schedule's horizon at the end of the warmup as a value the
     compiled step reads: one trace per run, the horizon in the checkpoint, and a run resumed
     after the choice continues with it, bitwise as the uninterrupted run."""
+    from seq2seq import run as run_module
     from seq2seq.training import actions as actions_module
     from seq2seq.training import step as step_module
     from seq2seq.training.actions import Action
@@ -462,10 +463,12 @@ def test_the_time_budget_compiles_the_step_once_and_a_resume_keeps_its_horizon(
 
     monkeypatch.setattr(actions_module, "steps_for_time_budget", choose)
     monkeypatch.setattr(step_module, "accumulate_gradients", counted)
-    # provisional steps: token_budget / max_tokens = 10; the budget makes them 14 at step 8
+    # the step timed before resolving (seq2seq.run.budget_steps): 60 s a step buys 10 of 600
+    monkeypatch.setattr(run_module, "step_seconds", lambda *_: (60.0, 0.0))
+    # steps bought: 10 (the token budget's would be 20); the budget makes them 14 at step 8
     extra = (
         "train.steps=0",
-        "train.token_budget=2560",
+        "train.token_budget=5120",
         "train.warmup_steps=8",
         "train.schedule=linear",
         "train.time_budget=600",
@@ -490,7 +493,7 @@ def test_the_time_budget_compiles_the_step_once_and_a_resume_keeps_its_horizon(
     assert int(resumed.state.step) == 14
     assert_trees_equal(whole.state.params, resumed.state.params)
     assert_trees_equal(whole.state.opt_state, resumed.state.opt_state)
-    # training never rewrites config.yaml: it keeps the provisional count
+    # training never rewrites config.yaml: it keeps the count resolved before training
     assert load_config(split / "config.yaml").train.steps == 10
 
 

@@ -21,13 +21,12 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     )
     if isinstance(config, int):
         return config
-    from seq2seq.resolve import resolve_config  # heavy imports
-    from seq2seq.run import Interrupted, train
+    from seq2seq.run import Interrupted, resolve_run, train  # heavy imports
     from seq2seq.sharding import initialize_distributed, is_main_process
 
     initialize_distributed(config.distributed)  # before any device use; no-op for one process
     try:  # every check that needs no data, before the run directory or its log exist (or move)
-        run = resolve_config(config)
+        run = resolve_run(config)  # a time budget's step timed first (seq2seq.run)
     except (ValueError, FileNotFoundError) as e:
         return _fail(str(e))
     config = run.config
